@@ -1,0 +1,3 @@
+"""codespec-lsp: local inline code completion over LSP, served by speculative decoding."""
+
+__version__ = "0.1.0"

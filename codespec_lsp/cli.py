@@ -1,0 +1,102 @@
+"""`codespec-lsp` entry point: serve (default, stdio), complete, bench, doctor.
+
+Each subcommand parses its flags here and hands plain values to the module that does the work,
+so every module stays importable and testable without argparse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", help="model pair preset: tiny, codellama-python, codellama-python-gptq")
+    p.add_argument("--draft", help="draft model: hub id or local folder (overrides the preset)")
+    p.add_argument("--target", help="target model: hub id or local folder (overrides the preset)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cuda, cuda:N or cpu")
+    p.add_argument("--dtype", default=None, help="float16, bfloat16 or float32 (default: by device)")
+    p.add_argument("--allow-download", action="store_true",
+                   help="let transformers fetch missing checkpoints from the hub (off: offline only)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run model code shipped with a checkpoint (off unless you set it)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="codespec-lsp", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+
+    serve = sub.add_parser("serve", help="speak LSP (stdio unless --tcp/--ws)")
+    _add_model_flags(serve)
+    serve.add_argument("--tcp", action="store_true", help="listen on TCP instead of stdio")
+    serve.add_argument("--ws", action="store_true", help="listen on WebSocket instead of stdio")
+    serve.add_argument("--host", default="127.0.0.1", help="address for --tcp/--ws (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=2087)
+    serve.add_argument("--max-tokens", type=int, default=None)
+    serve.add_argument("--debounce-ms", type=int, default=None)
+    serve.add_argument("--context-tokens", type=int, default=None, help="prefix token budget")
+    serve.add_argument("--log-file", default=None, help="also write the log here")
+
+    complete = sub.add_parser("complete", help="complete one position of a file and print the text")
+    complete.add_argument("file")
+    complete.add_argument("--line", type=int, required=True, help="0-based line")
+    complete.add_argument("--col", type=int, required=True, help="0-based column (characters)")
+    _add_model_flags(complete)
+    complete.add_argument("--no-speculative", action="store_true", help="target alone, no drafting")
+    complete.add_argument("--drafter", default="auto", choices=["auto", "model", "ngram", "combined"])
+    complete.add_argument("--max-tokens", type=int, default=64)
+    complete.add_argument("--temperature", type=float, default=0.0)
+    complete.add_argument("--top-p", type=float, default=1.0)
+    complete.add_argument("--json", action="store_true", help="print text plus the engine's counts")
+
+    bench = sub.add_parser("bench", help="benchmarks that write JSON")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    be = bench_sub.add_parser("engine", help="target-only vs speculative, cache replay, cancel latency")
+    _add_model_flags(be)
+    be.add_argument("--corpus", default=None, help="folder of .py files (default: held-out set)")
+    be.add_argument("--points", type=int, default=24)
+    be.add_argument("--max-tokens", type=int, default=48)
+    be.add_argument("--json", dest="json_path", default=None, help="write the JSON here")
+    bs = bench_sub.add_parser("server", help="replay typing against the real server over stdio")
+    _add_model_flags(bs)
+    bs.add_argument("--corpus", default=None)
+    bs.add_argument("--interval-ms", type=int, default=100)
+    bs.add_argument("--keystrokes", type=int, default=2000)
+    bs.add_argument("--json", dest="json_path", default=None)
+
+    doctor = sub.add_parser("doctor", help="will this draft/target pair fit and speed up?")
+    doctor.add_argument("--draft", required=True)
+    doctor.add_argument("--target", required=True)
+    doctor.add_argument("--gpu-mem", default="24GiB")
+    doctor.add_argument("--context", type=int, default=4096)
+    doctor.add_argument("--k", type=int, default=None)
+    doctor.add_argument("--acceptance", type=float, default=None)
+    doctor.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv or ["serve"])
+    if args.command in (None, "serve"):
+        from codespec_lsp.server import run_server
+        return run_server(args)
+    if args.command == "complete":
+        from codespec_lsp.complete import run_complete
+        return run_complete(args)
+    if args.command == "bench" and args.bench_command == "engine":
+        from codespec_lsp.bench import run_engine_bench
+        return run_engine_bench(args)
+    if args.command == "bench" and args.bench_command == "server":
+        from codespec_lsp.bench_server import run_server_bench
+        return run_server_bench(args)
+    if args.command == "doctor":
+        from codespec_lsp.doctor import run_doctor
+        return run_doctor(args)
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

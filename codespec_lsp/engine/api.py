@@ -1,0 +1,66 @@
+"""The engine's public contract: what goes in, what comes out, how it is stopped.
+
+The engine knows token ids, text and tensors; it never imports lsprotocol. Everything it
+returns carries its counts, so stats and benchmarks read the same numbers the engine used.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+
+
+class ModelLoadError(RuntimeError):
+    """A model pair could not be loaded. The message is written for the user, not a traceback."""
+
+
+class TokenizerMismatchError(ModelLoadError):
+    """Draft and target tokenize differently: speculative decoding would accept nothing."""
+
+
+class MissingExtraError(ModelLoadError):
+    """A preset needs an optional dependency (e.g. the `gptq` extra) that is not installed."""
+
+
+class CancelToken:
+    """Set from any thread; the engine checks it between forward passes."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass
+class GenerationResult:
+    text: str                 # decoded new text (after stop strings / stop_fn cut)
+    tokens: list[int]         # new token ids
+    stop_reason: str          # "max_tokens" | "eos" | "stop" | "cancelled"
+    cancelled: bool
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    proposed: int = 0         # draft tokens sent to the target for verification
+    accepted: int = 0         # of those, how many the target kept
+    prefill_tokens: int = 0   # prompt tokens the target had to run (not served from the KV cache)
+    reused_tokens: int = 0    # prompt tokens served from the target's KV prefix cache
+    wall_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        decode_forwards = max(self.target_forwards, 1)
+        return len(self.tokens) / decode_forwards
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["acceptance_rate"] = self.acceptance_rate
+        d["tokens_per_target_forward"] = self.tokens_per_target_forward
+        return d
