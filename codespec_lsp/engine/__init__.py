@@ -1,0 +1,24 @@
+"""Speculative decoding engine: load a draft/target pair, generate with KV prefix reuse and cancel.
+
+Public surface (everything else in this package is an implementation detail):
+
+    engine = load_engine(preset="tiny")             # or draft=..., target=..., device=..., dtype=...
+    result = engine.generate(prompt_text, max_new_tokens=64, cancel=token)
+    result.text, result.cancelled, result.target_forwards, ...   # see api.GenerationResult
+
+Engine attributes used by the server and planner:
+    engine.tokenizer          the shared HF tokenizer (draft and target were checked to agree)
+    engine.count_tokens(text) -> int
+    engine.context_window     target's max positions
+    engine.fim_tokens         (pre, suf, mid) strings when the target infills, else None
+    engine.preset, engine.draft_name, engine.target_name, engine.device (str)
+    engine.draft_model, engine.target_model   (transformers modules; draft may be None)
+"""
+
+from codespec_lsp.engine.api import (  # noqa: F401
+    CancelToken,
+    GenerationResult,
+    MissingExtraError,
+    ModelLoadError,
+    TokenizerMismatchError,
+)
