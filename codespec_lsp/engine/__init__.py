@@ -22,3 +22,14 @@ from codespec_lsp.engine.api import (  # noqa: F401
     ModelLoadError,
     TokenizerMismatchError,
 )
+
+
+def __getattr__(name: str):
+    # Lazy: importing transformers takes seconds, and the protocol layer only needs api types.
+    if name in ("load_engine", "PRESETS", "default_preset"):
+        from codespec_lsp.engine import models
+        return getattr(models, name)
+    if name == "Engine":
+        from codespec_lsp.engine.engine import Engine
+        return Engine
+    raise AttributeError(name)

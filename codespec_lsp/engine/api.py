@@ -42,7 +42,7 @@ class GenerationResult:
     tokens: list[int]         # new token ids
     stop_reason: str          # "max_tokens" | "eos" | "stop" | "cancelled"
     cancelled: bool
-    target_forwards: int = 0
+    target_forwards: int = 0  # decode/verify forwards; prefill chunks are counted in prefill_tokens
     draft_forwards: int = 0
     proposed: int = 0         # draft tokens sent to the target for verification
     accepted: int = 0         # of those, how many the target kept
@@ -64,3 +64,8 @@ class GenerationResult:
         d["acceptance_rate"] = self.acceptance_rate
         d["tokens_per_target_forward"] = self.tokens_per_target_forward
         return d
+
+
+class GenerationError(RuntimeError):
+    """Generation failed at run time (e.g. out of GPU memory). The caches were reset; the engine
+    is usable again for the next request."""

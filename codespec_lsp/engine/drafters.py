@@ -1,0 +1,152 @@
+"""Draft sources behind one small interface.
+
+A drafter proposes up to k next tokens after `tokens` (prompt + accepted output); the target
+then verifies them. Two sources:
+  NgramDrafter  prompt lookup: when the last few tokens occurred before (in this file or the
+                other open buffers), propose what followed them then. Costs a dict lookup; code
+                repeats itself (names, call patterns, boilerplate), so it is often right.
+  ModelDrafter  the small draft model, with its own KV cache kept in step with the accepted
+                tokens and its own cross-request prefix cache.
+"Both" is not a third class: the engine asks the n-gram source first and the model when the
+n-gram source has nothing, each with its own adaptive K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from codespec_lsp.engine import hf
+from codespec_lsp.engine.api import CancelToken
+from codespec_lsp.engine.kvcache import PrefixCache, common_prefix_len
+from codespec_lsp.engine.speculative import adjust_probs, sample
+
+
+@dataclass
+class Sampling:
+    temperature: float
+    top_p: float
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    probs: torch.Tensor | None  # [len(tokens), V] what they were drawn from; None: deterministic
+
+
+class Drafter(Protocol):
+    name: str
+    forwards: int  # draft-model forward passes so far (0 for free drafters)
+
+    def begin(self, prompt: list[int], lookup: list[int], cancel: CancelToken | None) -> None: ...
+
+    def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
+                cancel: CancelToken | None) -> Proposal: ...
+
+    def end(self, tokens: list[int]) -> None: ...
+
+
+class NgramDrafter:
+    """Prompt lookup decoding: match the longest recent suffix (max_match..min_match tokens)."""
+
+    name = "ngram"
+
+    def __init__(self, min_match: int = 3, max_match: int = 5) -> None:
+        self.min_match, self.max_match = min_match, max_match
+        self.forwards = 0
+        self._reference: list[int] = []
+        self._reference_index: dict[tuple[int, ...], int] = {}
+        self._index: dict[tuple[int, ...], int] = {}
+        self._indexed = 0
+
+    def _extend_index(self, index: dict, seq: list[int], start: int, stop: int) -> None:
+        # index[ngram] = position right after its latest occurrence that still has a continuation
+        for end in range(max(start, 1), stop):
+            for n in range(self.min_match, self.max_match + 1):
+                if end - n >= 0:
+                    index[tuple(seq[end - n:end])] = end
+
+    def begin(self, prompt: list[int], lookup: list[int], cancel: CancelToken | None = None) -> None:
+        self._index, self._indexed = {}, 0
+        if lookup != self._reference:
+            self._reference, self._reference_index = list(lookup), {}
+            self._extend_index(self._reference_index, self._reference, 0, len(self._reference))
+
+    def propose(self, tokens: list[int], k: int, sampling: Sampling | None = None,
+                cancel: CancelToken | None = None) -> Proposal:
+        self._extend_index(self._index, tokens, self._indexed, len(tokens))
+        self._indexed = len(tokens)  # the current suffix has no continuation yet: not indexed, no self-match
+        for n in range(self.max_match, self.min_match - 1, -1):
+            if len(tokens) < n:
+                continue
+            key = tuple(tokens[-n:])
+            for seq, index in ((tokens, self._index), (self._reference, self._reference_index)):
+                start = index.get(key)
+                if start is not None:
+                    return Proposal(seq[start:start + k], None)
+        return Proposal([], None)
+
+    def end(self, tokens: list[int]) -> None:
+        pass
+
+
+class ModelDrafter:
+    """The draft model. Its cache holds `self._cached`; each propose first catches up with the
+    tokens the target accepted (or the n-gram source supplied) since, then drafts one by one."""
+
+    name = "model"
+
+    def __init__(self, model: PreTrainedModel, prefix_cache: PrefixCache, vocab_size: int,
+                 prefill_chunk: int = 256) -> None:
+        self.model = model
+        self.prefix_cache = prefix_cache
+        self.vocab_size = vocab_size
+        self.prefill_chunk = prefill_chunk
+        self.forwards = 0
+        self._cache = None
+        self._cached: list[int] = []
+
+    def begin(self, prompt: list[int], lookup: list[int], cancel: CancelToken | None = None) -> None:
+        self._cache, reused = self.prefix_cache.acquire(prompt)
+        self._cached = prompt[:reused]
+
+    def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
+                cancel: CancelToken | None) -> Proposal:
+        keep = min(common_prefix_len(self._cached, tokens), len(tokens) - 1)
+        hf.crop(self._cache, keep)
+        self._cached = tokens[:keep]
+        is_cancelled = (lambda: cancel is not None and cancel.cancelled)
+        # Catch up all but the last new token in chunks; the last one is fed with the first draft step.
+        catch_up = tokens[keep:-1]
+        if not hf.prefill(self.model, catch_up, self._cache, self.prefill_chunk, is_cancelled):
+            self._cached = tokens[:hf.cache_len(self._cache)]
+            return Proposal([], None)
+        self.forwards += -(-len(catch_up) // self.prefill_chunk)
+        self._cached = tokens[:-1]
+        feed, drafted, probs = [tokens[-1]], [], []
+        for _ in range(k):
+            if is_cancelled():
+                break
+            logits = hf.forward(self.model, feed, self._cache)[-1, :self.vocab_size]
+            self.forwards += 1
+            self._cached = self._cached + feed
+            if sampling is None:
+                token = int(logits.argmax())
+            else:
+                q = adjust_probs(logits, sampling.temperature, sampling.top_p)
+                token = sample(q, sampling.generator)
+                probs.append(q)
+            drafted.append(token)
+            feed = [token]
+        return Proposal(drafted, torch.stack(probs) if probs else None)
+
+    def end(self, tokens: list[int]) -> None:
+        if self._cache is not None:
+            # Keep only what the target accepted; rejected drafts would just be cropped next time.
+            keep = common_prefix_len(self._cached, tokens)
+            self.prefix_cache.release(self._cached[:keep], self._cache)
+        self._cache, self._cached = None, []

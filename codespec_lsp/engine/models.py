@@ -1,0 +1,205 @@
+"""Load a draft/target pair with transformers, refuse pairs that cannot work, build the Engine.
+
+- A model reference is a local folder or a hub id. Hub ids resolve from the local HF cache only,
+  unless the user allowed downloads: offline, a missing checkpoint is an error at once, not a hang.
+- `trust_remote_code` is off unless the user sets it.
+- GPTQ checkpoints load through transformers' GPTQ integration, which needs the `gptq` extra.
+- The pairing check runs before anything else is built: a draft whose tokenizer gives other ids
+  than the target's would have every token rejected (a "working" setup that is only slower).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from codespec_lsp.engine.api import MissingExtraError, ModelLoadError, TokenizerMismatchError
+from codespec_lsp.engine.engine import Engine
+
+# Progress bars on stderr are noise in an LSP log and in `complete` output.
+hf_logging.disable_progress_bar()
+
+TINY_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny"
+
+# Texts that exercise what code tokenizers disagree on: indentation, unicode, digits, specials.
+PAIRING_SAMPLES = [
+    "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n",
+    "class Config(dict):\n\tpass  # tab-indented\n",
+    'print(f"{x!r:>10} — naïve café 日本語 🚀")\n',
+    "x = [1, 22, 333, 4444, 55555] + {'key': None}\r\n",
+]
+
+
+@dataclass(frozen=True)
+class Preset:
+    draft: str
+    target: str
+    gptq: bool = False
+    note: str = ""
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(str(TINY_DIR / "draft"), str(TINY_DIR / "target"),
+                   note="embedded pair trained on the Python standard library; runs on CPU"),
+    "codellama-python": Preset("codellama/CodeLlama-7b-Python-hf", "codellama/CodeLlama-13b-Python-hf",
+                               note="fp16: about 39 GB of weights, needs a 48 GB+ card"),
+    "codellama-python-gptq": Preset("TheBloke/CodeLlama-7B-Python-GPTQ",
+                                    "TheBloke/CodeLlama-13B-Python-GPTQ", gptq=True,
+                                    note="4-bit GPTQ: both models plus KV cache fit a 24 GB card"),
+}
+
+
+def default_preset() -> str:
+    return "codellama-python-gptq" if torch.cuda.is_available() else "tiny"
+
+
+def resolve_device(device: str = "auto") -> str:
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} requested but this torch build sees no CUDA GPU "
+                             f"(torch {torch.__version__}); use --device cpu or install a CUDA torch")
+    return device
+
+
+def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
+    if dtype:
+        try:
+            return {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16,
+                    "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}[dtype]
+        except KeyError:
+            raise ModelLoadError(f"unknown dtype {dtype!r}: use float16, bfloat16 or float32") from None
+    # fp16 matmuls are slow or unsupported on CPUs; the embedded pair is stored fp16 and upcast.
+    return torch.float32 if device == "cpu" else torch.float16
+
+
+def _local_config(ref: str) -> dict | None:
+    path = Path(ref).expanduser()
+    if not path.is_dir():
+        return None
+    config = path / "config.json"
+    if not config.is_file():
+        raise ModelLoadError(f"{path} is not a model folder: it has no config.json")
+    try:
+        return json.loads(config.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{config} is not valid JSON: {exc}") from None
+
+
+def _is_gptq(config: dict | None) -> bool:
+    quant = (config or {}).get("quantization_config") or {}
+    return str(quant.get("quant_method", "")).lower() == "gptq"
+
+
+def require_gptq(what: str) -> None:
+    if importlib.util.find_spec("gptqmodel") is None and importlib.util.find_spec("optimum") is None:
+        raise MissingExtraError(
+            f"{what} is a GPTQ checkpoint, which needs the optional GPTQ support: "
+            f"pip install 'codespec-lsp[gptq]' (on a CUDA machine), or pick --preset tiny / codellama-python")
+
+
+def _looks_local(ref: str) -> bool:
+    return ref.startswith((".", "/", "~")) or Path(ref).expanduser().exists()
+
+
+def load_tokenizer(ref: str, *, allow_download: bool = False,
+                   trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(ref, local_files_only=not allow_download,
+                                             trust_remote_code=trust_remote_code)
+    except Exception as exc:  # transformers raises OSError, ValueError, json and tokenizers errors
+        raise ModelLoadError(_explain(ref, "tokenizer", exc, allow_download)) from None
+
+
+def load_model(ref: str, *, device: str, dtype: torch.dtype, allow_download: bool = False,
+               trust_remote_code: bool = False):
+    config = _local_config(ref)
+    if _is_gptq(config):
+        require_gptq(ref)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            ref, dtype=dtype, local_files_only=not allow_download,
+            trust_remote_code=trust_remote_code, device_map=device if device != "cpu" else None)
+    except torch.OutOfMemoryError:
+        raise ModelLoadError(f"out of GPU memory loading {ref}: pick a smaller preset (GPTQ), a "
+                             f"smaller draft, or free the GPU (`codespec-lsp doctor` shows the plan)") from None
+    except Exception as exc:
+        raise ModelLoadError(_explain(ref, "model", exc, allow_download)) from None
+    return model.eval()
+
+
+def _explain(ref: str, what: str, exc: Exception, allow_download: bool) -> str:
+    if _looks_local(ref):
+        return f"cannot load the {what} from folder {ref}: {type(exc).__name__}: {exc}"
+    if not allow_download:
+        return (f"{ref} is not a local folder and is not in the local Hugging Face cache; downloads "
+                f"are off. Download it yourself, point to a local folder, or allow downloads "
+                f"(--allow-download / allowDownload). ({type(exc).__name__})")
+    return f"cannot load the {what} {ref}: {type(exc).__name__}: {exc}"
+
+
+def check_pair(draft_tok: PreTrainedTokenizerBase, target_tok: PreTrainedTokenizerBase,
+               draft_name: str, target_name: str) -> None:
+    """Raise TokenizerMismatchError unless both give the same ids for the same text."""
+    problems = []
+    if len(draft_tok) != len(target_tok):
+        problems.append(f"vocabulary sizes differ ({len(draft_tok)} vs {len(target_tok)})")
+    for name in ("bos_token_id", "eos_token_id", "unk_token_id"):
+        a, b = getattr(draft_tok, name), getattr(target_tok, name)
+        if a != b:
+            problems.append(f"{name} differs ({a} vs {b})")
+    for text in PAIRING_SAMPLES:
+        a = draft_tok.encode(text, add_special_tokens=False)
+        b = target_tok.encode(text, add_special_tokens=False)
+        if a != b:
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            problems.append(f"{text[:24]!r} tokenizes differently from token {first} "
+                            f"({a[first:first + 3]} vs {b[first:first + 3]})")
+            break
+    if not problems:
+        draft_vocab, target_vocab = draft_tok.get_vocab(), target_tok.get_vocab()
+        differing = sum(1 for tok, i in target_vocab.items() if draft_vocab.get(tok) != i)
+        if differing:
+            problems.append(f"{differing} of {len(target_vocab)} vocabulary entries map to other ids")
+    if problems:
+        raise TokenizerMismatchError(
+            f"draft {draft_name} cannot speculate for target {target_name}: " + "; ".join(problems)
+            + ". Speculative decoding needs a draft with the target's exact tokenizer, in practice a "
+              "smaller model of the same family (e.g. CodeLlama-7B-Python for CodeLlama-13B-Python), "
+              "or no draft model at all (n-gram drafting: --draft none).")
+
+
+def load_engine(preset: str | None = None, draft: str | None = None, target: str | None = None,
+                device: str = "auto", dtype: str | None = None, allow_download: bool = False,
+                trust_remote_code: bool = False, drafter: str = "auto", **engine_options) -> Engine:
+    """Build an Engine from a preset, with `draft`/`target` overriding it. draft="none" runs the
+    target with n-gram drafting only."""
+    preset = preset or default_preset()
+    if preset not in PRESETS:
+        raise ModelLoadError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    chosen = PRESETS[preset]
+    target_ref = target or chosen.target
+    draft_ref = draft or chosen.draft
+    if draft_ref in ("none", ""):
+        draft_ref = None
+    if chosen.gptq and not (target or draft):
+        require_gptq(f"preset {preset}")
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    opts = dict(allow_download=allow_download, trust_remote_code=trust_remote_code)
+
+    target_tok = load_tokenizer(target_ref, **opts)
+    if draft_ref is not None:
+        check_pair(load_tokenizer(draft_ref, **opts), target_tok, draft_ref, target_ref)
+    target_model = load_model(target_ref, device=device, dtype=torch_dtype, **opts)
+    draft_model = None
+    if draft_ref is not None:
+        draft_model = load_model(draft_ref, device=device, dtype=torch_dtype, **opts)
+    return Engine(target_model, draft_model, target_tok, preset=preset, target_name=target_ref,
+                  draft_name=draft_ref, device=device, drafter=drafter, **engine_options)

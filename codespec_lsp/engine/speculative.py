@@ -1,0 +1,80 @@
+"""The speculative step: verify K drafted tokens with one target forward, over plain tensors.
+
+Shapes: V vocabulary, K drafted tokens.
+  target logits/probs p: [K+1, V]  row i scores the token after (accepted prefix + proposal[:i])
+  draft probs q:         [K, V]    the distribution each proposal was drawn from
+                                   (None for a deterministic drafter: q is one-hot at the proposal)
+Greedy keeps the longest prefix that matches the target's argmax, then takes the target's own
+next token, so the output is exactly the target's greedy output. Sampling uses the standard
+rejection rule (Leviathan et al. 2023; Chen et al. 2023): keep x with probability min(1, p(x)/q(x)),
+else draw from norm(max(0, p - q)); the output then follows the target's distribution exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def adjust_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """Sampling distribution from logits [..., V]. Draft and target go through the same transform,
+    so the output follows the target's temperature/top-p distribution."""
+    probs = torch.softmax(logits / max(temperature, 1e-5), dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs > top_p   # keep the smallest set reaching top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def verify_greedy(target_logits: torch.Tensor, proposal: list[int]) -> tuple[int, int]:
+    """Returns (accepted count n, the target's next token after proposal[:n])."""
+    k = len(proposal)
+    predicted = target_logits.argmax(-1)                                        # [K+1]
+    agree = (predicted[:k] == torch.tensor(proposal, dtype=torch.long, device=predicted.device)).int()
+    n = int(agree.cumprod(0).sum())
+    return n, int(predicted[n])
+
+
+def verify_sampled(p: torch.Tensor, q: torch.Tensor | None, proposal: list[int],
+                   generator: torch.Generator | None = None) -> tuple[int, int]:
+    """p [K+1, V] target probs, q [K, V] draft probs (None: one-hot). Returns (n, next token)."""
+    k = len(proposal)
+    x = torch.tensor(proposal, dtype=torch.long, device=p.device)
+    if q is None:
+        q = torch.nn.functional.one_hot(x, p.size(-1)).to(p.dtype)
+    rows = torch.arange(k, device=p.device)
+    accept_prob = (p[rows, x] / q[rows, x]).clamp(max=1.0)                      # min(1, p(x)/q(x))
+    u = torch.rand(k, generator=generator, device="cpu").to(p.device)
+    rejected = (u >= accept_prob).nonzero()
+    if len(rejected) == 0:
+        return k, sample(p[k], generator)                                       # all kept: bonus token
+    n = int(rejected[0])
+    residual = (p[n] - q[n]).clamp(min=0.0)                                     # max(0, p - q)
+    if float(residual.sum()) <= 0.0:
+        residual = p[n]  # p == q on its support: rejection had probability 0, guard rounding only
+    return n, sample(residual / residual.sum(), generator)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens per target forward when each draft token is kept with probability alpha."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def best_k(alpha: float, draft_cost: float, verify_cost: list[float], k_max: int) -> int:
+    """K maximising expected tokens per unit time.
+
+    draft_cost: one draft forward, in units of a 1-token target forward.
+    verify_cost[n]: a target forward over n+1 tokens in the same unit (verify_cost[0] == 1).
+    K = 0 (the target alone) wins whenever drafting does not pay.
+    """
+    def rate(k: int) -> float:
+        return expected_tokens(alpha, k) / (verify_cost[k] + k * draft_cost)
+    return max(range(k_max + 1), key=rate)

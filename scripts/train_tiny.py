@@ -1,0 +1,189 @@
+"""Train the embedded model pair (codespec_lsp/models/tiny/{target,draft}) from scratch, offline.
+
+Data: the .py files of the running Python's standard library (PSF licence), minus its test
+suites and minus the modules copied into benchmarks/corpus/ (the held-out set the benchmarks use).
+Steps, all seeded, so a rerun on the same Python gives the same models up to CPU float noise:
+  1. a byte-level BPE tokenizer (4096 ids) shared by both models — one tokenizer is what makes
+     the pair a valid speculative pair at all;
+  2. the target, a 6-layer Llama, trained by next-token cross-entropy;
+  3. the draft, a 2-layer Llama, distilled from the target (KL to the target's distribution plus
+     a little cross-entropy), so that its proposals are the ones the target accepts.
+
+    python scripts/train_tiny.py --target-steps 600 --draft-steps 400     # ~25 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "codespec_lsp" / "models" / "tiny"
+HELD_OUT = ROOT / "benchmarks" / "corpus"
+SPECIAL = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
+VOCAB = 4096
+SEQ = 512
+
+TARGET = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6,
+              num_attention_heads=8, num_key_value_heads=4)
+DRAFT = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=2,
+             num_attention_heads=6, num_key_value_heads=2)
+
+
+def training_files() -> list[Path]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    held_out = {p.name for p in HELD_OUT.glob("*.py")}
+    skip_dirs = {"site-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3"}
+    files = []
+    for path in sorted(stdlib.rglob("*.py")):
+        rel = path.relative_to(stdlib)
+        if skip_dirs & set(rel.parts[:-1]) or (len(rel.parts) == 1 and path.name in held_out):
+            continue
+        files.append(path)
+    return files
+
+
+def read_texts(files: list[Path]) -> list[str]:
+    texts = []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if 200 < len(text) < 400_000:
+            texts.append(text)
+    return texts
+
+
+def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token=SPECIAL["unk_token"]))
+    # Byte-level so any source text round-trips exactly; no prefix space so that decode(encode(x)) == x.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=list(SPECIAL.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL, model_max_length=2048,
+                                   clean_up_tokenization_spaces=False)
+
+
+def config_for(shape: dict, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+    return LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=2048,
+                       tie_word_embeddings=True, rope_theta=10000.0,
+                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                       **shape)
+
+
+def encode_stream(texts: list[str], tokenizer: PreTrainedTokenizerFast) -> torch.Tensor:
+    ids: list[int] = []
+    for text in texts:
+        ids.append(tokenizer.bos_token_id)
+        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def batches(stream: torch.Tensor, bos: int, batch: int, rng: random.Random):
+    # Every window starts with BOS, as every prompt the engine builds does.
+    while True:
+        starts = [rng.randrange(0, len(stream) - SEQ) for _ in range(batch)]
+        body = torch.stack([stream[s:s + SEQ - 1] for s in starts])
+        yield torch.cat([torch.full((batch, 1), bos), body], dim=1)
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int = 40) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))) + peak * 0.02
+
+
+def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = "") -> None:
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    model.train()
+    t0 = time.time()
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, peak_lr)
+        x = next(data)
+        logits = model(x[:, :-1]).logits
+        ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+        loss = ce
+        if teacher is not None:
+            with torch.no_grad():
+                teacher_logp = F.log_softmax(teacher(x[:, :-1]).logits, dim=-1)
+            kl = F.kl_div(F.log_softmax(logits, dim=-1), teacher_logp, log_target=True,
+                          reduction="batchmean") / x.size(1)
+            loss = 0.8 * kl + 0.2 * ce
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 25 == 0 or step == steps - 1:
+            print(f"{label} step {step}/{steps} loss {loss.item():.3f} ce {ce.item():.3f} "
+                  f"{time.time() - t0:.0f}s", flush=True)
+    model.eval()
+
+
+def save(model, tokenizer, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    # fp16 on disk keeps the pair under 25 MB; the loader upcasts to fp32 on CPU.
+    model.to(torch.float16).save_pretrained(folder, safe_serialization=True)
+    model.to(torch.float32)
+    tokenizer.save_pretrained(folder)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target-steps", type=int, default=600)
+    parser.add_argument("--draft-steps", type=int, default=400)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    rng = random.Random(args.seed)
+
+    t_start = time.time()
+    files = training_files()
+    texts = read_texts(files)
+    print(f"{len(texts)} files, {sum(map(len, texts)) / 1e6:.1f} MB of Python", flush=True)
+    tokenizer = train_tokenizer(texts)
+    stream = encode_stream(texts, tokenizer)
+    print(f"{len(stream) / 1e6:.2f} M tokens, {time.time() - t_start:.0f}s", flush=True)
+
+    target = LlamaForCausalLM(config_for(TARGET, tokenizer))
+    train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng), args.target_steps,
+          3e-3, label="target")
+    save(target, tokenizer, OUT / "target")
+
+    draft = LlamaForCausalLM(config_for(DRAFT, tokenizer))
+    target.requires_grad_(False)
+    train(draft, batches(stream, tokenizer.bos_token_id, args.batch, rng), args.draft_steps,
+          4e-3, teacher=target, label="draft")
+    save(draft, tokenizer, OUT / "draft")
+
+    (OUT / "TRAINING.json").write_text(json.dumps({
+        "data": "CPython standard library .py files (PSF licence), tests and held-out modules excluded",
+        "python": sysconfig.get_python_version(),
+        "files": len(texts), "tokens": len(stream),
+        "target_steps": args.target_steps, "draft_steps": args.draft_steps,
+        "batch": args.batch, "seq": SEQ, "seed": args.seed,
+        "minutes": round((time.time() - t_start) / 60, 1),
+    }, indent=2) + "\n")
+    print(f"done in {(time.time() - t_start) / 60:.1f} min", flush=True)
+
+
+if __name__ == "__main__":
+    main()
