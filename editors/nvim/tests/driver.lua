@@ -1,0 +1,241 @@
+--- Drives a headless Neovim through one editor scenario against a real codespec-lsp and writes
+--- what it saw to a JSON file; tests/test_nvim.py starts it and judges the result.
+---
+---   nvim --headless --clean --cmd 'set rtp^=editors/nvim' FILE.py -c 'luafile editors/nvim/tests/driver.lua'
+---
+--- $CODESPEC_SPEC is a JSON object: { out, cmd, settings, debounce_ms, case, start_keys, type,
+--- interval_ms, timeout_ms }. Keys go through nvim_input, as a UI sends them, from timer
+--- callbacks, so Neovim's main loop runs between keystrokes and fires TextChangedI/CursorMovedI
+--- for each one as it does for a person typing.
+
+local spec = vim.json.decode((assert(os.getenv('CODESPEC_SPEC'), '$CODESPEC_SPEC is not set')))
+local codespec = require('codespec')
+local result = { ok = false, case = spec.case, log = {} }
+
+local function log(msg)
+  result.log[#result.log + 1] = string.format('%7d ms  %s', vim.uv.now() - result.t0, msg)
+end
+
+local function finish(ok, err)
+  result.ok = ok
+  result.error = err
+  -- Shut the server down as an editor does (shutdown, exit) rather than closing its pipes.
+  for _, c in ipairs(vim.lsp.get_clients({ name = 'codespec' })) do
+    c:stop()
+  end
+  result.server_stopped = vim.wait(10000, function()
+    return #vim.lsp.get_clients({ name = 'codespec' }) == 0
+  end, 50)
+  local f = assert(io.open(spec.out, 'w'))
+  f:write(vim.json.encode(result))
+  f:close()
+  vim.cmd('qall!')
+end
+
+local co
+local function step()
+  local ok, err = coroutine.resume(co)
+  if not ok then
+    finish(false, debug.traceback(co, err))
+  elseif coroutine.status(co) == 'dead' then
+    finish(true)
+  end
+end
+
+local function sleep(ms)
+  vim.defer_fn(step, ms)
+  coroutine.yield()
+end
+
+local function wait_for(what, pred, timeout_ms)
+  local t0 = vim.uv.now()
+  while true do
+    local v = pred()
+    if v then
+      return v
+    end
+    if vim.uv.now() - t0 > (timeout_ms or spec.timeout_ms) then
+      error('timed out after ' .. (vim.uv.now() - t0) .. ' ms waiting for ' .. what)
+    end
+    sleep(20)
+  end
+end
+
+local function client()
+  return vim.lsp.get_clients({ name = 'codespec', bufnr = 0 })[1]
+end
+
+local function server_request(method)
+  local answer
+  client():request(method, vim.empty_dict(), function(err, res)
+    answer = { err = err, res = res }
+  end, 0)
+  wait_for(method, function()
+    return answer
+  end, 10000)
+  if answer.err then
+    error(method .. ': ' .. vim.inspect(answer.err))
+  end
+  return answer.res
+end
+
+local function server_stats()
+  return server_request('codespec/stats')
+end
+
+local function lines()
+  return vim.api.nvim_buf_get_lines(0, 0, -1, true)
+end
+
+local function cursor()
+  local c = vim.api.nvim_win_get_cursor(0)
+  return { c[1] - 1, c[2] }
+end
+
+local function type_slowly(text, interval_ms)
+  for ch in text:gmatch('[%z\1-\127\194-\244][\128-\191]*') do
+    vim.api.nvim_input(ch == '<' and '<lt>' or ch)
+    sleep(interval_ms)
+  end
+end
+
+--- Wait until a suggestion is drawn and no request is in flight, so what is drawn is final.
+local function settled_suggestion(what)
+  return wait_for(what, function()
+    local st = codespec.status()
+    return st.shown and not st.in_flight and st
+  end)
+end
+
+--- A fresh request at the cursor, outside the plugin: what the newest suggestion should be.
+local function fresh_answer()
+  local c = client()
+  local params = vim.lsp.util.make_position_params(0, c.offset_encoding)
+  params.context = { triggerKind = 1 }
+  local resp = c:request_sync('textDocument/inlineCompletion', params, 60000)
+  assert(resp and not resp.err, 'fresh request failed: ' .. vim.inspect(resp))
+  local items = resp.result and (resp.result.items or resp.result) or {}
+  local item = items[1]
+  if not item then
+    return nil
+  end
+  local text = type(item.insertText) == 'table' and item.insertText.value or item.insertText
+  if item.range then
+    -- The plugin shows only what goes after the cursor.
+    local row, col = unpack(cursor())
+    local line = lines()[row + 1]
+    local s = vim.str_byteindex(line, c.offset_encoding, item.range.start.character, false)
+    text = text:sub(col - s + 1)
+  end
+  return text
+end
+
+local cases = {}
+
+--- Type, see the suggestion, take one word, type one character of it, then accept the rest.
+function cases.accept()
+  type_slowly(spec.type, spec.interval_ms)
+  local st = settled_suggestion('the first suggestion')
+  result.suggestion = st.shown.text
+  result.before = lines()
+  result.cursor_before = cursor()
+  result.shown_at = { st.shown.row, st.shown.col }
+  log('shown: ' .. vim.inspect(st.shown.text))
+
+  -- Next word, when the suggestion has more than one (else taking a word takes it all).
+  if require('codespec.suggest').next_word(st.shown.text) ~= st.shown.text then
+    vim.api.nvim_input('<M-Right>')
+    wait_for('the word accept', function()
+      return codespec.status().counts.partially_accepted == 1
+    end, 5000)
+    sleep(50)
+    result.after_word = { lines = lines(), shown = codespec.status().shown, cursor = cursor() }
+  end
+
+  -- Typing-through: the next character of the suggestion keeps the rest shown, no new request.
+  local remaining = codespec.status().shown
+  if remaining and #remaining.text > 1 and remaining.text:sub(1, 1):match('[%w_%(%)%[%]:.,=+ ]') then
+    local requested = codespec.status().counts.requested
+    vim.api.nvim_input(remaining.text:sub(1, 1))
+    sleep(200)
+    local now = codespec.status()
+    result.after_type_through = {
+      typed = remaining.text:sub(1, 1),
+      shown = now.shown,
+      new_requests = now.counts.requested - requested,
+      typed_through = now.counts.typed_through,
+    }
+  end
+
+  vim.api.nvim_input('<Tab>')
+  wait_for('the accept', function()
+    return codespec.status().counts.accepted == 1
+  end, 5000)
+  sleep(100)
+  result.after = lines()
+  result.cursor_after = cursor()
+  result.counts = codespec.status().counts
+  result.stats = server_stats()
+  -- Not part of the stats contract: the server's own tally of the accept events it received.
+  local ok, counters = pcall(server_request, 'codespec/counters')
+  result.counters = ok and counters or nil
+
+  vim.cmd('stopinsert')
+  sleep(50)
+  result.after_leave = codespec.status().shown
+  vim.cmd('checkhealth codespec')
+  result.health = vim.api.nvim_buf_get_lines(0, 0, -1, false)
+end
+
+--- Type faster than the server answers, with no client debounce: every keystroke asks and
+--- cancels the previous request; only the newest answer may be drawn.
+function cases.fast()
+  type_slowly(spec.type, spec.interval_ms)
+  result.typed_at = cursor()
+  local st = settled_suggestion('a suggestion after fast typing')
+  result.shown = st.shown
+  result.cursor = cursor()
+  result.counts = st.counts
+  result.extmarks = #vim.api.nvim_buf_get_extmarks(0, require('codespec.ghost').ns, 0, -1, {})
+  result.fresh = fresh_answer()
+  result.lines = lines()
+  result.stats = server_stats()
+end
+
+co = coroutine.create(function()
+  result.t0 = vim.uv.now()
+  result.nvim = tostring(vim.version())
+  codespec.setup({
+    cmd = spec.cmd,
+    settings = spec.settings or {},
+    debounce_ms = spec.debounce_ms,
+  })
+  -- The buffer was loaded before setup (as with a lazy-loaded plugin): setup attaches it.
+  wait_for('the server to start', client, 30000)
+  log('client attached')
+  local stats = wait_for('the models to load', function()
+    local s = server_stats()
+    if s.state == 'error' then
+      error('server failed to load its models: ' .. vim.inspect(s))
+    end
+    return s.state == 'ready' and s
+  end)
+  log('server ready: ' .. vim.inspect(stats))
+  result.ready_stats = stats
+  vim.api.nvim_input(spec.start_keys)
+  wait_for('insert mode', function()
+    return vim.api.nvim_get_mode().mode == 'i'
+  end, 5000)
+  sleep(100)
+  assert(cases[spec.case], 'unknown case ' .. tostring(spec.case))()
+  log('done')
+end)
+
+-- A hard stop, so a hang still leaves a result for the test to report.
+vim.defer_fn(function()
+  if coroutine.status(co) ~= 'dead' then
+    finish(false, 'driver timed out; log:\n' .. table.concat(result.log, '\n'))
+  end
+end, spec.timeout_ms * 3)
+
+vim.schedule(step)
