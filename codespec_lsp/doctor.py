@@ -1,0 +1,271 @@
+"""`codespec-lsp doctor`: will this draft/target pair fit one GPU, and will it speed up?
+
+Promises: each model name resolves to its config and tokenizer facts without the network (the
+preset `tiny`, a local folder, or a hub id from the shipped catalog); the tokenizers are compared
+(token by token when both are on disk, by recorded facts otherwise); when both models load
+locally, acceptance and cost are measured with the engine on the held-out corpus; the numbers
+then go through planner.plan. `plan_pair` is the same check for the server to run at start.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from codespec_lsp import planner
+
+PACKAGE = Path(__file__).resolve().parent
+TINY_DIR = PACKAGE / "models" / "tiny"
+CATALOG_PATH = PACKAGE / "catalog" / "models.json"
+# Code with indentation, tabs, f-strings, unicode and digits: where merges of two vocabularies diverge.
+SAMPLE_TEXTS = (
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+    "import numpy as np\n\nx = np.zeros((3, 4), dtype=np.float32)\n",
+    'class Config:\n    """Settings."""\n\n\tname: str = "r\u00e9sum\u00e9"\n',
+    "for i in range(1024):\n    print(f'{i:>4} \u2211 \u65e5\u672c {i * 3.5e-2}')  # done\n",
+)
+
+
+class DoctorError(ValueError):
+    """A model name or flag the doctor cannot use; the message is for the user."""
+
+
+@dataclass
+class ModelRef:
+    name: str
+    kind: str                      # "catalog" or "local"
+    config: dict
+    path: Path | None = None
+    entry: dict | None = None      # the catalog entry: family, tokenizer facts, source
+
+
+@dataclass
+class TokenizerCheck:
+    compatible: bool
+    reason: str
+    details: list[str] = field(default_factory=list)
+
+
+@functools.cache
+def load_catalog() -> dict:
+    return json.loads(CATALOG_PATH.read_text(encoding="utf-8"))
+
+
+def read_local_config(path: Path) -> dict:
+    """config.json, with an AutoGPTQ-style quantize_config.json folded in as transformers does."""
+    cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    qfile = path / "quantize_config.json"
+    if "quantization_config" not in cfg and qfile.is_file():
+        cfg["quantization_config"] = {"quant_method": "gptq", **json.loads(qfile.read_text(encoding="utf-8"))}
+    return cfg
+
+
+def resolve(name: str, role: str) -> ModelRef:
+    """`tiny` -> the embedded model for this role; an existing folder; else a catalog hub id."""
+    if name == "tiny":
+        return ModelRef(name, "local", read_local_config(TINY_DIR / role), path=TINY_DIR / role)
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return ModelRef(name, "local", read_local_config(path), path=path.resolve())
+    catalog = load_catalog()
+    key = next((k for k in catalog if k.lower() == name.lower()), None)
+    if key is None:
+        raise DoctorError(f"{role} {name!r} is neither a folder with a config.json, the preset 'tiny', "
+                          f"nor a catalog entry; the catalog knows: {', '.join(catalog)}")
+    return ModelRef(key, "catalog", catalog[key]["config"], entry=catalog[key])
+
+
+@functools.cache
+def _load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+
+
+def tokenizer_facts(ref: ModelRef) -> dict:
+    """What the catalog records, or the same facts read off a tokenizer on disk."""
+    if ref.entry is not None:
+        return {"family": ref.entry["family"], **ref.entry["tokenizer"]}
+    tok = _load_tokenizer(ref.path)
+    return {"family": ref.config.get("model_type"), "class": type(tok).__name__, "vocab": None,
+            "vocab_size": len(tok), "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
+            "special_tokens": list(tok.all_special_tokens)}
+
+
+def compare_loaded(tok_d, tok_t) -> TokenizerCheck:
+    """Same ids for the same text, same special ids, and the share of the vocabulary that agrees."""
+    vd, vt = tok_d.get_vocab(), tok_t.get_vocab()
+    agree = sum(1 for tok, i in vd.items() if vt.get(tok) == i)
+    share = agree / max(len(vd), len(vt))
+    differing = sorted((i, tok) for tok, i in vd.items() if vt.get(tok) != i)[:5]
+    samples_equal = all(tok_d.encode(s) == tok_t.encode(s) for s in SAMPLE_TEXTS)
+    specials = [a for a in ("bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id")
+                if getattr(tok_d, a) != getattr(tok_t, a)]
+    details = [f"{share:.2%} of the vocabulary agrees ({agree} of {max(len(vd), len(vt))} tokens)",
+               f"sample texts tokenize {'identically' if samples_equal else 'differently'}"]
+    if differing:
+        details.append("first differing: " + ", ".join(
+            f"{tok!r} {i}->{vt.get(tok, 'absent')}" for i, tok in differing))
+    if specials:
+        details.append("special ids differ: " + ", ".join(
+            f"{a} {getattr(tok_d, a)} vs {getattr(tok_t, a)}" for a in specials))
+    # A few ids may exist on one side only (e.g. infill tokens): harmless, the draft never proposes them.
+    ok = samples_equal and not specials and share >= 0.99
+    reason = "same ids for the same text" if ok else "; ".join(details)
+    return TokenizerCheck(ok, reason, details)
+
+
+def compare_facts(d: dict, t: dict, both_catalog: bool) -> TokenizerCheck:
+    diffs = []
+    if both_catalog and d["family"] != t["family"]:
+        diffs.append(f"family {d['family']} vs {t['family']}")
+    if d.get("class") != t.get("class"):
+        diffs.append(f"tokenizer {d.get('class')} vs {t.get('class')}")
+    if d["vocab_size"] != t["vocab_size"]:
+        diffs.append(f"vocabulary {d['vocab_size']} vs {t['vocab_size']} tokens")
+    if (d["bos_token_id"], d["eos_token_id"]) != (t["bos_token_id"], t["eos_token_id"]):
+        diffs.append(f"bos/eos ids {d['bos_token_id']}/{d['eos_token_id']} vs "
+                     f"{t['bos_token_id']}/{t['eos_token_id']}")
+    same_lineage = both_catalog and d.get("vocab") == t.get("vocab")
+    specials_ok = (d["bos_token_id"], d["eos_token_id"]) == (t["bos_token_id"], t["eos_token_id"])
+    if same_lineage and specials_ok:
+        # One vocabulary extends the other (CodeLlama base adds infill ids): the shared ids agree.
+        small, big = sorted((d["vocab_size"], t["vocab_size"]))
+        details = [f"same vocabulary ({d['vocab']}, family {d['family']})"]
+        if small != big:
+            details.append(f"ids below {small} agree; {big - small} extra ids (infill) on one side only")
+        if d.get("class") != t.get("class"):
+            details.append(f"tokenizer classes differ in name only ({d.get('class')} vs {t.get('class')})")
+        return TokenizerCheck(True, details[0], details)
+    if not diffs and specials_ok:
+        return TokenizerCheck(True, "same class, vocabulary size and special ids (recorded facts only)",
+                              ["only one tokenizer is on disk, so ids were not compared token by token"])
+    return TokenizerCheck(False, ", ".join(diffs) or f"different vocabularies ({d.get('vocab')} vs "
+                          f"{t.get('vocab')})")
+
+
+def check_tokenizers(d: ModelRef, t: ModelRef) -> TokenizerCheck:
+    if d.kind == t.kind == "local":
+        return compare_loaded(_load_tokenizer(d.path), _load_tokenizer(t.path))
+    return compare_facts(tokenizer_facts(d), tokenizer_facts(t), d.kind == t.kind == "catalog")
+
+
+def load_pair_engine(d: ModelRef, t: ModelRef):
+    """The engine for two local models, or None with the reason when they cannot be loaded here."""
+    try:
+        from codespec_lsp.engine import load_engine
+        if d.name == t.name == "tiny":
+            return load_engine(preset="tiny"), ""
+        return load_engine(draft=str(d.path), target=str(t.path)), ""
+    except Exception as exc:  # noqa: BLE001 - any load failure falls back to the byte estimate
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def measure(engine) -> tuple[dict | None, str]:
+    """α and c on the held-out corpus, or None with the reason (the doctor must still answer)."""
+    try:
+        from codespec_lsp.bench import measure_pair
+        return measure_pair(engine), ""
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def diagnose(draft: str | ModelRef, target: str | ModelRef, gpu_mem_bytes: int, context: int, *,
+             k: int | None = None, acceptance: float | None = None, engine=None,
+             load: bool = False) -> tuple[planner.Plan, dict]:
+    """The plan plus what the text report needs. `load`: build an engine for two local models."""
+    d = draft if isinstance(draft, ModelRef) else resolve(draft, "draft")
+    t = target if isinstance(target, ModelRef) else resolve(target, "target")
+    if acceptance is not None and not 0.0 <= acceptance <= 1.0:
+        raise DoctorError(f"--acceptance must lie in [0, 1], not {acceptance}")
+    tok = check_tokenizers(d, t)
+    notes, measured = [], None
+    if engine is None and load and tok.compatible and d.kind == t.kind == "local":
+        engine, why = load_pair_engine(d, t)
+        if engine is None:
+            notes.append(f"could not load the pair to measure it ({why}); using the estimates")
+    if engine is not None and tok.compatible:
+        measured, why = measure(engine)
+        if measured is None:
+            notes.append(f"could not measure the pair ({why}); using the estimates")
+        elif acceptance is not None:
+            notes.append(f"--acceptance {acceptance} ignored: measured {measured['acceptance_rate']:.3f}")
+    p = planner.plan(
+        d.config, t.config, gpu_mem_bytes, context, k=k,
+        acceptance=measured["acceptance_rate"] if measured else acceptance,
+        acceptance_source="measured" if measured else None,
+        measured_cost_ratio=measured["cost_ratio"] if measured else None,
+        tokenizer_compatible=tok.compatible, tokenizer_reason=tok.reason)
+    return p, {"draft": d, "target": t, "tokenizer": tok, "measured": measured, "notes": notes}
+
+
+def plan_pair(draft: str, target: str, gpu_mem_bytes: int, context: int, k: int | None = None,
+              acceptance: float | None = None, engine=None) -> dict:
+    """The doctor's JSON fields for a pair; with `engine` (already loaded) α and c are measured."""
+    return diagnose(draft, target, gpu_mem_bytes, context, k=k, acceptance=acceptance,
+                    engine=engine)[0].to_json_dict()
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+def _describe(ref: ModelRef, params: int, weights_gib: float, kv: int) -> str:
+    q = planner.quant_from_config(ref.config)
+    where = f"catalog, {ref.entry['family']}" if ref.entry else f"local {ref.path}"
+    count = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.1f} M"
+    return (f"{ref.name} ({where}, {q.label})\n"
+            f"             {count} params, {_bytes(weights_gib * planner.GiB)} weights, "
+            f"{_bytes(kv)} KV cache per token")
+
+
+def format_report(p: planner.Plan, info: dict) -> str:
+    tok, gib = info["tokenizer"], 1 / planner.GiB
+    alpha_note = {"measured": "measured on the held-out corpus",
+                  "given": "from --acceptance",
+                  "assumed": (f"assumed: the stated default {planner.DEFAULT_ACCEPTANCE} for a same-family pair"
+                              if p.tokenizer_compatible else "assumed: mismatched tokenizers accept nothing")}
+    cost = ("measured forward times" if p.cost_source == "measured" else
+            f"bytes read per forward at {p.context} tokens: {_bytes(p.draft_bytes_read)} vs "
+            f"{_bytes(p.target_bytes_read)}")
+    ks = range(0, planner.K_MAX + 1)
+    alpha = p.acceptance_rate
+    table = "  ".join(f"K={k}:{planner.expected_speedup(alpha, k, p.cost_ratio):.2f}x" for k in ks)
+    lines = [
+        f"draft        {_describe(info['draft'], p.draft_params, p.draft_weights_gib, p.draft_kv_bytes_per_token)}",
+        f"target       {_describe(info['target'], p.target_params, p.target_weights_gib, p.target_kv_bytes_per_token)}",
+        f"tokenizers   {'compatible' if tok.compatible else 'INCOMPATIBLE'}: {tok.reason}",
+        *[f"             {line}" for line in tok.details if line != tok.reason],
+        f"memory       {p.gpu_mem_bytes * gib:.1f} GiB = {planner.RUNTIME_OVERHEAD_BYTES * gib:.1f} runtime "
+        f"overhead (CUDA context 0.5 + activations 1.0) + "
+        f"{_bytes((p.draft_weights_gib + p.target_weights_gib) * planner.GiB)} weights + "
+        f"{_bytes(p.draft_kv_bytes_per_token + p.target_kv_bytes_per_token)} per token of context",
+        f"context      max {p.max_context} tokens; asked {p.context}: {'fits' if p.fits else 'does NOT fit'}",
+        f"cost ratio   c = {p.cost_ratio:.3f} ({cost})",
+        f"acceptance   α = {p.acceptance_rate:.3f} ({alpha_note[p.acceptance_source]})",
+        f"speedup      {table}",
+        f"             K={p.k_used}: {p.expected_tokens_per_target_forward:.2f} tokens per target "
+        f"forward, {p.expected_speedup:.2f}x; best K={p.best_k}",
+        *[f"note         {n}" for n in info["notes"]],
+        f"verdict      {p.verdict}",
+        f"advice       {p.advice}",
+    ]
+    return "\n".join(lines)
+
+
+def run_doctor(args) -> int:
+    try:
+        gpu_mem = planner.parse_size(args.gpu_mem)
+        p, info = diagnose(args.draft, args.target, gpu_mem, args.context, k=args.k,
+                           acceptance=args.acceptance, load=True)
+    except (DoctorError, ValueError) as exc:
+        print(f"codespec-lsp doctor: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(p.to_json_dict(), indent=2) if args.json else format_report(p, info))
+    return 0
