@@ -1,0 +1,148 @@
+import assert from 'node:assert/strict';
+import { afterEach, beforeEach, test } from 'node:test';
+
+import { FakeClient, type FakeVscode, install, makeVscode, State } from './stubs';
+
+// package.json's defaults, plus the user's choices the tests look for.
+const settings = {
+  enable: true,
+  'server.path': '/venv/bin/codespec-lsp',
+  'server.args': ['--log-file', '/tmp/codespec.log'],
+  languages: ['python'],
+  preset: 'tiny',
+  draft: null,
+  target: null,
+  device: 'cpu',
+  maxTokens: null,
+  debounceMs: null,
+  contextTokens: null,
+};
+
+let vscode: FakeVscode;
+let ext: typeof import('../src/extension');
+
+beforeEach(() => {
+  FakeClient.instances = [];
+  FakeClient.failStart = null;
+  FakeClient.statsReply = { state: 'loading' };
+  vscode = makeVscode({ ...settings });
+  install(vscode);
+  // A fresh module per test: it binds `vscode` when loaded.
+  delete require.cache[require.resolve('../src/extension')];
+  ext = require('../src/extension');
+});
+
+afterEach(async () => {
+  await ext.deactivate();
+});
+
+const context = () => ({ subscriptions: [] as { dispose(): unknown }[] }) as any;
+const settle = () => new Promise((r) => setTimeout(r, 20));
+const neverCancelled = { isCancellationRequested: false };
+
+test('activation starts the configured server with the settings as initializationOptions', async () => {
+  await ext.activate(context());
+  assert.equal(FakeClient.instances.length, 1);
+  const client = FakeClient.instances[0];
+  assert.deepEqual(client.serverOptions, {
+    command: '/venv/bin/codespec-lsp',
+    args: ['serve', '--log-file', '/tmp/codespec.log'],
+  });
+  assert.deepEqual(client.clientOptions.initializationOptions(), { enable: true, device: 'cpu', preset: 'tiny' });
+  assert.deepEqual(client.clientOptions.documentSelector, [
+    { scheme: 'file', language: 'python' },
+    { scheme: 'untitled', language: 'python' },
+  ]);
+  assert.equal(client.state, State.Running);
+  assert.deepEqual(
+    [...vscode.commands.keys()].sort(),
+    ['codespec.restart', 'codespec.showLog', 'codespec.showStats', 'codespec.toggle'],
+  );
+  assert.equal(vscode.statusItem.command, 'codespec.showStats');
+});
+
+test('the status bar follows codespec/stats: loading, then acceptance and latency', async () => {
+  const codespec = await ext.activate(context());
+  await settle();
+  assert.equal(vscode.statusItem.text, '$(loading~spin) codespec: loading');
+  FakeClient.statsReply = { state: 'ready', answered: 4, requests: 5, acceptance_rate: 0.5, latency_ms_p50: 120 };
+  await codespec.fetchStats();
+  assert.equal(vscode.statusItem.text, '$(zap) codespec 50% · 120 ms');
+  assert.ok(FakeClient.instances[0].requests.includes('codespec/stats'));
+});
+
+test('toggle writes the setting, tells the server, and stops asking it for completions', async () => {
+  await ext.activate(context());
+  const client = FakeClient.instances[0];
+  await vscode.commands.get('codespec.toggle')!();
+  assert.deepEqual(vscode.updates, [['enable', false, 1]]);
+  assert.deepEqual(client.notifications.at(-1), [
+    'workspace/didChangeConfiguration',
+    { settings: { enable: false, device: 'cpu', preset: 'tiny' } },
+  ]);
+  assert.equal(vscode.statusItem.text, '$(circle-slash) codespec');
+  let asked = false;
+  const result = await client.clientOptions.middleware.provideInlineCompletionItems(
+    {}, {}, {}, neverCancelled, async () => ((asked = true), []),
+  );
+  assert.equal(result, null);
+  assert.equal(asked, false);
+  assert.equal(FakeClient.instances.length, 1, 'a toggle must not restart the server');
+});
+
+test('an answer that reaches VS Code is reported shown; a cancelled one is not', async () => {
+  await ext.activate(context());
+  const client = FakeClient.instances[0];
+  const item = {
+    insertText: 'return n',
+    command: { title: 'codespec: accepted', command: 'codespec.didAcceptCompletion', arguments: ['c1'] },
+  };
+  const provide = client.clientOptions.middleware.provideInlineCompletionItems;
+  const answer = await provide({}, {}, {}, neverCancelled, async () => ({ items: [item] }));
+  assert.deepEqual(answer, { items: [item] });
+  assert.deepEqual(client.notifications, [['codespec/didShowCompletion', { item }]]);
+  await provide({}, {}, {}, { isCancellationRequested: true }, async () => [item]);
+  assert.equal(client.notifications.length, 1);
+});
+
+test('a new server path restarts the server; a model setting only reconfigures it', async () => {
+  const codespec = await ext.activate(context());
+  const first = FakeClient.instances[0];
+  // A model setting: one notification to the same server, which reloads by itself.
+  vscode.config.maxTokens = 32;
+  await codespec.onSettingsChanged();
+  assert.equal(FakeClient.instances.length, 1);
+  assert.deepEqual(first.notifications.at(-1), [
+    'workspace/didChangeConfiguration',
+    { settings: { enable: true, device: 'cpu', preset: 'tiny', maxTokens: 32 } },
+  ]);
+  // The executable: the old server stops, a new one starts with the new command.
+  vscode.config['server.path'] = '/other/codespec-lsp';
+  await codespec.onSettingsChanged();
+  assert.ok(first.stopped && first.disposed);
+  assert.equal(FakeClient.instances.length, 2);
+  assert.equal(FakeClient.instances[1].serverOptions.command, '/other/codespec-lsp');
+  assert.equal(FakeClient.instances[1].state, State.Running);
+});
+
+test('a server that cannot start leaves an error in the status bar and a way to fix it', async () => {
+  FakeClient.failStart = new Error('spawn /venv/bin/codespec-lsp ENOENT');
+  await ext.activate(context());
+  assert.equal(vscode.statusItem.text, '$(error) codespec');
+  assert.match(vscode.statusItem.tooltip, /ENOENT/);
+  assert.equal(vscode.errors.length, 1);
+  assert.ok(vscode.errors[0].includes('Open Settings'));
+});
+
+test('show stats lists actions and every stat; show log opens the output channel', async () => {
+  FakeClient.statsReply = { state: 'ready', answered: 1, requests: 1, acceptance_rate: 1, draft: 'd', target: 't' };
+  await ext.activate(context());
+  await vscode.commands.get('codespec.showStats')!();
+  const labels = vscode.quickPicks[0].items.map((i: any) => i.label);
+  assert.ok(labels.some((l: string) => l.includes('Restart the server')));
+  assert.ok(labels.includes('state: ready'));
+  assert.ok(labels.includes('acceptance_rate: 100%'));
+  await vscode.commands.get('codespec.showLog')!();
+  assert.equal(vscode.outputShown, 1);
+});
+
