@@ -134,6 +134,25 @@ class Engine:
         if self.model_drafter is not None:
             self.model_drafter.prefix_cache.enabled = enabled
 
+    def prefill(self, prompt: str, cancel: CancelToken | None = None) -> int:
+        """Bring `prompt` into both models' prefix caches without generating (e.g. when a file is
+        opened), so the first completion there pays only for what was typed since.
+        Returns the target tokens run."""
+        seq = self.encode_prompt(prompt, reserve=K_MAX + 1)
+        is_cancelled = (lambda: cancel is not None and cancel.cancelled)
+        stores = [self.target_cache]
+        if self.model_drafter is not None:
+            stores.append(self.model_drafter.prefix_cache)
+        ran = 0
+        for store in stores:
+            cache, reused = store.acquire(seq)
+            try:
+                hf.prefill(store.model, seq[reused:-1], cache, self.prefill_chunk, is_cancelled)
+            finally:
+                store.release(seq, cache)
+            ran = ran or len(seq) - 1 - reused
+        return ran
+
     # -- the loop ---------------------------------------------------------------------------
 
     def encode_prompt(self, prompt: str, reserve: int) -> list[int]:

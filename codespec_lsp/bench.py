@@ -1,0 +1,208 @@
+"""`codespec-lsp bench engine`: the engine's figures on held-out Python, in one run, as JSON.
+
+What each field means (the README quotes these):
+  lossless                      speculative greedy text == target-only greedy text at every point
+  acceptance_rate               drafted tokens the target kept / drafted tokens
+  tokens_per_target_forward     new tokens / target verify forwards, speculative runs
+  speedup                       target-only decode wall / speculative decode wall, same points,
+                                both with the prompt already in the KV cache, order alternated
+  next_token_accuracy           the target's greedy next-token accuracy, teacher-forced, held-out
+  unigram_accuracy              always guessing the held-out set's own most frequent token
+  prefill_tokens_per_keystroke  mean prompt tokens run per keystroke while typing one character
+                                at a time at a 512+ token context (the first request excluded)
+  ..._nocache                   the same replay with the prefix cache off
+  cancel_latency_ms_p95         cancel() to generate() returning, cancels at random times
+  target_forward_ms_p50         median target forward (verify) time over the run
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from codespec_lsp.engine import hf
+from codespec_lsp.engine.api import CancelToken
+from codespec_lsp.engine.engine import Engine
+
+HELD_OUT = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus"
+
+
+def corpus_files(corpus: str | Path | None) -> list[Path]:
+    root = Path(corpus) if corpus else HELD_OUT
+    files = sorted(p for p in root.rglob("*.py") if p.stat().st_size > 2000)
+    if not files:
+        raise SystemExit(f"no .py files of 2 KB or more under {root}")
+    return files
+
+
+def completion_points(files: list[Path], n: int, engine: Engine, context_tokens: int = 768,
+                      seed: int = 0) -> list[str]:
+    """Prompts ending where a user would ask for a completion: after the indentation of a
+    non-blank line, with about `context_tokens` of code before it, cut at a line start."""
+    rng = random.Random(seed)
+    prompts = []
+    texts = [f.read_text(encoding="utf-8") for f in files]
+    while len(prompts) < n:
+        text = rng.choice(texts)
+        lines = text.splitlines(keepends=True)
+        i = rng.randrange(min(60, len(lines) - 1), len(lines))
+        if not lines[i].strip():
+            continue
+        point = sum(map(len, lines[:i])) + len(lines[i]) - len(lines[i].lstrip())
+        start = i
+        while start > 0 and engine.count_tokens("".join(lines[start - 1:i])) < context_tokens:
+            start -= 1
+        prompts.append(text[sum(map(len, lines[:start])):point])
+    return prompts
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def next_token_accuracy(engine: Engine, files: list[Path], window: int = 512,
+                        max_windows: int = 24) -> tuple[float, float]:
+    """(target accuracy, most-frequent-token accuracy) on the held-out files, teacher-forced."""
+    ids = []
+    for f in files:
+        ids.append(engine.tokenizer.bos_token_id)
+        ids.extend(engine.tokenizer.encode(f.read_text(encoding="utf-8"), add_special_tokens=False))
+    stream = torch.tensor(ids)
+    correct = total = 0
+    device = engine.target_model.device
+    with torch.inference_mode():
+        for start in range(0, min(len(stream) - 1, window * max_windows), window):
+            chunk = stream[start:start + window + 1]
+            logits = engine.target_model(input_ids=chunk[None, :-1].to(device)).logits[0]
+            correct += int((logits.argmax(-1).cpu() == chunk[1:]).sum())
+            total += len(chunk) - 1
+    labels = stream[1:total + 1]
+    unigram = int(torch.bincount(labels).max()) / len(labels)
+    return correct / total, unigram
+
+
+def forward_ms(model, context: int = 512, reps: int = 10) -> float:
+    """Median time of one 1-token forward after `context` cached tokens."""
+    cache = hf.new_cache(model)
+    vocab = model.config.vocab_size
+    hf.forward(model, [1 + i % (vocab - 1) for i in range(context)], cache)
+    times = []
+    for i in range(reps):
+        start = time.perf_counter()
+        hf.forward(model, [3 + i], cache)
+        times.append(time.perf_counter() - start)
+        hf.crop(cache, context)
+    return statistics.median(times) * 1000
+
+
+def measure_pair(engine: Engine, points: int = 8) -> dict:
+    """Acceptance of the draft model alone and its cost ratio, measured on the held-out corpus.
+    Used by `doctor` when both models load."""
+    if engine.draft_model is None:
+        raise ValueError("this engine has no draft model to measure")
+    proposed = accepted = 0
+    for prompt in completion_points(corpus_files(None), points, engine, seed=1):
+        r = engine.generate(prompt, max_new_tokens=32, drafter="model")
+        proposed, accepted = proposed + r.proposed, accepted + r.accepted
+    draft_ms, target_ms = forward_ms(engine.draft_model), forward_ms(engine.target_model)
+    return {"acceptance_rate": accepted / proposed if proposed else 0.0,
+            "cost_ratio": draft_ms / target_ms, "draft_forward_ms": draft_ms,
+            "target_forward_ms": target_ms}
+
+
+def typing_replay(engine: Engine, text: str, at: int, keystrokes: int) -> list[int]:
+    """Prefill tokens per keystroke while text[at:at+keystrokes] is typed one char at a time."""
+    engine.prefill(text[:at])  # the file was open before typing started
+    return [engine.generate(text[:at + i], max_new_tokens=4).prefill_tokens
+            for i in range(1, keystrokes + 1)]
+
+
+def cancel_latencies(engine: Engine, prompts: list[str], trials: int, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    latencies = []
+    for i in range(trials):
+        token, done = CancelToken(), threading.Event()
+        worker = threading.Thread(target=lambda p=prompts[i % len(prompts)]: (
+            engine.generate(p, max_new_tokens=200, cancel=token), done.set()))
+        worker.start()
+        time.sleep(rng.uniform(0.0, 0.15))
+        cancelled_at = time.perf_counter()
+        token.cancel()
+        done.wait()
+        latencies.append((time.perf_counter() - cancelled_at) * 1000)
+        worker.join()
+    return latencies
+
+
+def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
+                 max_tokens: int = 48, keystrokes: int = 40, cancel_trials: int = 20) -> dict:
+    files = corpus_files(corpus)
+    prompts = completion_points(files, points, engine)
+    engine.generate(prompts[0], max_new_tokens=8)  # first-call allocations out of the timings
+    engine.target_forward_s.clear()
+    lossless = True
+    wall = {"target": 0.0, "spec": 0.0}
+    proposed = accepted = spec_tokens = spec_forwards = 0
+    for i, prompt in enumerate(prompts):
+        engine.prefill(prompt)  # prompt in both caches for both runs: decode against decode
+        runs = {}
+        for mode in (("target", "spec") if i % 2 == 0 else ("spec", "target")):
+            runs[mode] = engine.generate(prompt, max_new_tokens=max_tokens, speculative=(mode == "spec"))
+            wall[mode] += runs[mode].wall_s
+        lossless &= runs["spec"].text == runs["target"].text
+        proposed += runs["spec"].proposed
+        accepted += runs["spec"].accepted
+        spec_tokens += len(runs["spec"].tokens)
+        spec_forwards += runs["spec"].target_forwards
+    forward_p50 = statistics.median(engine.target_forward_s) * 1000
+
+    accuracy, unigram = next_token_accuracy(engine, files)
+
+    text = max((f.read_text(encoding="utf-8") for f in files), key=len)
+    at = len(text) // 2
+    at = text.index("\n", at) + 1  # typing starts on a fresh line, ~half way into a long file
+    assert engine.count_tokens(text[:at]) >= 512
+    cached = typing_replay(engine, text, at, keystrokes)
+    engine.set_prefix_cache(False)
+    uncached = typing_replay(engine, text, at, keystrokes)
+    engine.set_prefix_cache(True)
+
+    latencies = cancel_latencies(engine, prompts, cancel_trials)
+    return {
+        "preset": engine.preset,
+        "device": engine.device,
+        "points": len(prompts),
+        "lossless": lossless,
+        "acceptance_rate": round(accepted / proposed, 4) if proposed else 0.0,
+        "tokens_per_target_forward": round(spec_tokens / max(spec_forwards, 1), 3),
+        "speedup": round(wall["target"] / wall["spec"], 3),
+        "next_token_accuracy": round(accuracy, 4),
+        "unigram_accuracy": round(unigram, 4),
+        "prefill_tokens_per_keystroke": round(statistics.mean(cached), 2),
+        "prefill_tokens_per_keystroke_nocache": round(statistics.mean(uncached), 1),
+        "cancel_latency_ms_p95": round(_percentile(latencies, 0.95), 2),
+        "target_forward_ms_p50": round(forward_p50, 2),
+    }
+
+
+def run_engine_bench(args) -> int:
+    from codespec_lsp.engine import load_engine
+    engine = load_engine(preset=args.preset, draft=args.draft, target=args.target, device=args.device,
+                         dtype=args.dtype, allow_download=args.allow_download,
+                         trust_remote_code=args.trust_remote_code)
+    result = engine_bench(engine, corpus=args.corpus, points=args.points, max_tokens=args.max_tokens)
+    out = json.dumps(result, indent=2)
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(out + "\n")
+    print(out)
+    return 0

@@ -1,0 +1,87 @@
+"""One completion from document text and a cursor: context → engine → post-processing.
+
+The server's worker and `codespec-lsp complete` both go through `complete_at`, so what the CLI
+prints is what an editor would be shown.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from codespec_lsp.context import ContextBuilder
+from codespec_lsp.engine.api import CancelToken, GenerationResult
+from codespec_lsp.postprocess import block_end, decide_mode, finalize
+
+
+def split_line(source: str, offset: int) -> tuple[str, str, str]:
+    """(text before the cursor on its line, text after it, nearest non-blank line above)."""
+    start = source.rfind("\n", 0, offset) + 1
+    end = source.find("\n", offset)
+    prev, i = "", start - 1
+    while i > 0 and not prev.strip():
+        j = source.rfind("\n", 0, i) + 1
+        prev, i = source[j:i], j - 1
+    return source[start:offset], source[offset:end if end != -1 else len(source)], prev
+
+
+def complete_at(engine, builder: ContextBuilder, key: str, source: str, offset: int, *,
+                max_tokens: int, cancel: CancelToken | None = None, speculative: bool = True,
+                others: Sequence[tuple[str, str]] = (), **generate_options
+                ) -> tuple[GenerationResult, str | None]:
+    """(the engine's result with its counts, the text to show or None when there is nothing)."""
+    prompt = builder.build(key, source, offset, others)
+    line_prefix, line_suffix, prev_line = split_line(source, offset)
+    mode = decide_mode(line_prefix, line_suffix, prev_line)
+    result = engine.generate(prompt.text, max_new_tokens=max_tokens, cancel=cancel,
+                             stop_fn=lambda text: block_end(text, mode), speculative=speculative,
+                             lookup_text=prompt.lookup_text, **generate_options)
+    if result.cancelled:
+        return result, None
+    return result, finalize(result.text, line_prefix, prompt.suffix, mode)
+
+
+def offset_of(source: str, line: int, col: int) -> int:
+    """Code-point offset of a 0-based (line, col); ValueError naming the problem otherwise."""
+    lines = source.split("\n")
+    if not 0 <= line < len(lines):
+        raise ValueError(f"line {line} is outside the file (it has {len(lines)} lines, 0-based)")
+    if not 0 <= col <= len(lines[line]):
+        raise ValueError(f"column {col} is past the end of line {line} ({len(lines[line])} characters)")
+    return sum(len(text) + 1 for text in lines[:line]) + col
+
+
+def run_complete(args) -> int:
+    from codespec_lsp.config import default_context_tokens
+    from codespec_lsp.engine import ModelLoadError, load_engine
+
+    path = Path(args.file)
+    try:
+        source = path.read_text(encoding="utf-8")
+        offset = offset_of(source, args.line, args.col)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        print(f"codespec-lsp complete: {exc}", file=sys.stderr)
+        return 2
+    try:
+        engine = load_engine(preset=args.preset, draft=args.draft, target=args.target,
+                             device=args.device, dtype=args.dtype, allow_download=args.allow_download,
+                             trust_remote_code=args.trust_remote_code, drafter=args.drafter)
+    except ModelLoadError as exc:
+        print(f"codespec-lsp complete: {exc}", file=sys.stderr)
+        return 1
+    builder = ContextBuilder(engine.count_tokens,
+                             default_context_tokens(engine.context_window, args.max_tokens),
+                             fim_tokens=engine.fim_tokens)
+    result, text = complete_at(engine, builder, str(path), source, offset, max_tokens=args.max_tokens,
+                               speculative=not args.no_speculative, temperature=args.temperature,
+                               top_p=args.top_p)
+    if args.json:
+        counts = result.to_dict()
+        counts.pop("tokens")
+        counts["raw_text"] = counts.pop("text")
+        print(json.dumps({"text": text or "", **counts}, indent=2))
+    else:
+        print(text or "")
+    return 0

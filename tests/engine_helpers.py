@@ -1,0 +1,62 @@
+"""Shared builders for the engine tests: the embedded pair, odd drafts, a toy small-vocab pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from codespec_lsp.engine.engine import Engine
+from codespec_lsp.engine.models import TINY_DIR, load_model, load_tokenizer
+
+CORPUS = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus"
+
+
+def tiny_parts():
+    tok = load_tokenizer(str(TINY_DIR / "target"))
+    target = load_model(str(TINY_DIR / "target"), device="cpu", dtype=torch.float32)
+    draft = load_model(str(TINY_DIR / "draft"), device="cpu", dtype=torch.float32)
+    return tok, target, draft
+
+
+def random_draft_like(model, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(**{**model.config.to_dict(), "num_hidden_layers": 1})
+    return LlamaForCausalLM(config).eval()
+
+
+def make_engine(target, draft, tok, **kw) -> Engine:
+    return Engine(target, draft, tok, preset="test", target_name="target", draft_name="draft",
+                  device="cpu", **kw)
+
+
+def reference_greedy(target, tok, engine: Engine, prompt: str, n: int) -> list[int]:
+    """What transformers' own generate gives for the target alone."""
+    ids = engine.encode_prompt(prompt, reserve=n + 9)
+    out = target.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                          pad_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    new = out[0, len(ids):].tolist()
+    return new[:new.index(tok.eos_token_id)] if tok.eos_token_id in new else new
+
+
+def toy_pair(vocab: int = 8, seed: int = 0):
+    """A target and a different draft over a word-level vocabulary of `vocab` symbols, so output
+    distributions can be enumerated exactly."""
+    words = {f"w{i}": i for i in range(vocab)}
+    backend = Tokenizer(models.WordLevel(vocab=words, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0")
+
+    def model(s: int) -> LlamaForCausalLM:
+        torch.manual_seed(s)
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        m = LlamaForCausalLM(cfg).eval()
+        with torch.no_grad():  # sharpen the random logits so p and q really differ
+            m.lm_head.weight.mul_(8.0)
+        return m
+
+    return tok, model(seed), model(seed + 1)

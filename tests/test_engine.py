@@ -1,0 +1,207 @@
+"""Engine behaviour on real models: lossless greedy for every drafter, exact sampling, the prefix
+cache, cancellation. Counts and equality only; no timings."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter
+
+import pytest
+import torch
+
+from codespec_lsp.engine.api import CancelToken
+from codespec_lsp.engine.kvcache import PrefixCache
+from engine_helpers import (CORPUS, make_engine, random_draft_like, reference_greedy, tiny_parts,
+                            toy_pair)
+
+pytestmark = pytest.mark.slow
+
+SOURCE = (CORPUS / "textwrap.py").read_text()
+PROMPTS = {
+    "short": "def add(a, b):\n    ",
+    "medium": SOURCE[:900],
+    "long": SOURCE[:6000],  # well over 512 tokens: several prefill chunks
+}
+N_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def parts():
+    return tiny_parts()
+
+
+@pytest.fixture(scope="module")
+def references(parts):
+    tok, target, _ = parts
+    engine = make_engine(target, None, tok)
+    return {name: reference_greedy(target, tok, engine, text, N_NEW) for name, text in PROMPTS.items()}
+
+
+def _drafts(parts):
+    tok, target, draft = parts
+    return {
+        "embedded": (draft, "model"),
+        "identical": (target, "model"),
+        "random": (random_draft_like(target), "model"),
+        "ngram": (None, "ngram"),
+        "combined": (draft, "auto"),
+    }
+
+
+@pytest.mark.parametrize("draft_kind", ["embedded", "identical", "random", "ngram", "combined"])
+@pytest.mark.parametrize("reuse", [False, True])
+def test_greedy_equals_target_generate(parts, references, draft_kind, reuse):
+    tok, target, _ = parts
+    draft, drafter = _drafts(parts)[draft_kind]
+    engine = make_engine(target, draft, tok, drafter=drafter, prefix_cache=reuse)
+    totals = Counter()
+    for name, prompt in PROMPTS.items():
+        if reuse:  # warm the cache with a shorter version of the same text first
+            engine.generate(prompt[: len(prompt) * 2 // 3], max_new_tokens=4)
+        result = engine.generate(prompt, max_new_tokens=N_NEW)
+        assert result.tokens == references[name], (draft_kind, name)
+        assert not result.cancelled
+        assert (result.reused_tokens > 0) == reuse
+        totals.update(proposed=result.proposed, accepted=result.accepted)
+    if draft_kind == "identical":
+        assert totals["proposed"] > 0 and totals["accepted"] == totals["proposed"]
+    if draft_kind == "random":
+        assert totals["accepted"] <= 0.2 * max(totals["proposed"], 1)
+
+
+def test_target_only_runs_one_forward_per_token(parts, references):
+    tok, target, draft = parts
+    engine = make_engine(target, draft, tok)
+    result = engine.generate(PROMPTS["medium"], max_new_tokens=N_NEW, speculative=False)
+    assert result.tokens == references["medium"]
+    assert result.target_forwards == len(result.tokens) and result.draft_forwards == 0
+    assert result.proposed == 0
+
+
+def test_sampling_follows_target_distribution():
+    """Two sampled tokens from a toy 6-symbol pair, against the target's exact joint distribution."""
+    tok, target, draft = toy_pair(vocab=6)
+    engine = make_engine(target, draft, tok, drafter="model", prefix_cache=False)
+    engine.controllers["model"].kept, engine.controllers["model"].trials = 1e6, 1e6  # always draft
+    prompt = "w1 w2"
+    ids = engine.encode_prompt(prompt, reserve=16)
+    with torch.no_grad():
+        first = torch.softmax(target(torch.tensor([ids])).logits[0, -1], -1)
+        exact = {}
+        for a in range(6):
+            second = torch.softmax(target(torch.tensor([ids + [a]])).logits[0, -1], -1)
+            for b in range(6):
+                exact[(a, b)] = float(first[a] * second[b])
+    trials = 3000
+    counts = Counter(tuple(engine.generate(prompt, max_new_tokens=2, temperature=1.0, seed=s).tokens)
+                     for s in range(trials))
+    assert sum(counts.values()) == trials and all(len(k) == 2 for k in counts)
+    # Pearson chi-square over the 36 outcomes (cells with tiny expectation pooled).
+    big = [k for k in exact if exact[k] * trials >= 5]
+    pooled_p = 1 - sum(exact[k] for k in big)
+    pooled_n = trials - sum(counts[k] for k in big)
+    chi2 = sum((counts[k] - trials * exact[k]) ** 2 / (trials * exact[k]) for k in big)
+    if pooled_p * trials >= 1:
+        chi2 += (pooled_n - trials * pooled_p) ** 2 / (trials * pooled_p)
+    assert chi2 < 80.0, chi2  # > 99.9th percentile of chi-square with <= 36 degrees of freedom
+    with torch.no_grad():
+        q = torch.softmax(draft(torch.tensor([ids])).logits[0, -1], -1)
+    # The draft's own distribution is far from the target's: the test would see a wrong rule.
+    assert 0.5 * float((q - first).abs().sum()) > 0.2
+
+
+def test_one_character_more_prefills_only_a_few_tokens(parts):
+    tok, target, draft = parts
+    engine = make_engine(target, draft, tok)
+    text = SOURCE[:5000]
+    engine.generate(text, max_new_tokens=4)
+    for extra in "def wrap(":
+        text += extra
+        result = engine.generate(text, max_new_tokens=4)
+        assert result.reused_tokens > 500
+        assert result.prefill_tokens <= 4, (extra, result.prefill_tokens)
+
+
+def test_cache_reuse_matches_cold_start(parts):
+    tok, target, draft = parts
+    warm = make_engine(target, draft, tok)
+    cold = make_engine(target, draft, tok, prefix_cache=False)
+    for cut in (2000, 2400, 1800, 3000):  # extend, branch back, extend again
+        a = warm.generate(SOURCE[:cut], max_new_tokens=12)
+        b = cold.generate(SOURCE[:cut], max_new_tokens=12)
+        assert a.tokens == b.tokens
+        assert b.reused_tokens == 0
+    assert a.reused_tokens > 0
+
+
+def test_prefix_cache_byte_bound_evicts(parts):
+    tok, target, _ = parts
+    cache = PrefixCache(target, max_bytes=1)  # any real entry is over budget
+    kv, reused = cache.acquire([1, 2, 3])
+    engine = make_engine(target, None, tok)
+    one = engine.target_cache
+    for i, text in enumerate((SOURCE[:1500], SOURCE[3000:4500], SOURCE[6000:7500])):
+        engine.generate(text, max_new_tokens=2)
+    assert len(one) == 3
+    per_entry = one.nbytes // 3
+    small = make_engine(target, None, tok, cache_bytes=int(per_entry * 2.5))
+    for text in (SOURCE[:1500], SOURCE[3000:4500], SOURCE[6000:7500]):
+        small.generate(text, max_new_tokens=2)
+    assert len(small.target_cache) == 2 and small.target_cache.nbytes <= small.target_cache.max_bytes
+    # the oldest went first: its text now starts cold
+    assert small.generate(SOURCE[:1500], max_new_tokens=2).reused_tokens == 0
+    assert reused == 0 and cache.acquire([1, 2, 3])[1] == 0
+    cache.release([1, 2, 3], kv)
+    assert len(cache) == 0  # an entry bigger than the whole budget is not kept
+
+
+class CancelAfter(CancelToken):
+    """Cancels itself at the n-th check: a deterministic point between two forward passes."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.checks = itertools.count(1)
+        self.n = n
+
+    @property
+    def cancelled(self) -> bool:
+        return next(self.checks) >= self.n or super().cancelled
+
+
+@pytest.mark.parametrize("after", [1, 3, 8])
+def test_cancel_mid_generation_keeps_caches_valid(parts, references, after):
+    tok, target, draft = parts
+    engine = make_engine(target, draft, tok)
+    result = engine.generate(PROMPTS["long"], max_new_tokens=N_NEW, cancel=CancelAfter(after))
+    assert result.cancelled and result.stop_reason == "cancelled"
+    assert result.tokens == references["long"][:len(result.tokens)]
+    assert len(result.tokens) < N_NEW
+    again = engine.generate(PROMPTS["long"], max_new_tokens=N_NEW)
+    assert again.tokens == references["long"]
+    assert again.reused_tokens > 0 and not again.cancelled
+
+
+def test_cancel_from_another_thread_returns(parts):
+    tok, target, draft = parts
+    engine = make_engine(target, draft, tok)
+    token = CancelToken()
+    out = {}
+    worker = threading.Thread(target=lambda: out.setdefault(
+        "r", engine.generate(PROMPTS["long"], max_new_tokens=400, cancel=token)))
+    worker.start()
+    token.cancel()
+    worker.join(timeout=60)
+    assert not worker.is_alive() and out["r"].cancelled and len(out["r"].tokens) < 400
+
+
+def test_stops_on_stop_string_and_stop_fn(parts, references):
+    tok, target, draft = parts
+    engine = make_engine(target, draft, tok)
+    full = tok.decode(references["medium"])
+    assert len(full) > 6
+    marker = full[3:6]
+    result = engine.generate(PROMPTS["medium"], max_new_tokens=N_NEW, stop=[marker])
+    assert result.stop_reason == "stop" and result.text == full[:full.find(marker)]
+    cut = engine.generate(PROMPTS["medium"], max_new_tokens=N_NEW, stop_fn=lambda t: 2 if len(t) > 4 else None)
+    assert cut.stop_reason == "stop" and cut.text == full[:2] and len(cut.tokens) < N_NEW

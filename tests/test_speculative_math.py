@@ -1,0 +1,77 @@
+"""The accept/reject rule and the K model, on plain tensors (no model)."""
+
+import torch
+
+from codespec_lsp.engine.engine import KController
+from codespec_lsp.engine.speculative import (adjust_probs, best_k, expected_tokens, verify_greedy,
+                                             verify_sampled)
+
+
+def test_verify_greedy_keeps_longest_agreeing_prefix_and_adds_target_token():
+    logits = torch.full((4, 10), -5.0)
+    for row, tok in enumerate([3, 7, 2, 9]):  # target's argmax after each prefix
+        logits[row, tok] = 5.0
+    assert verify_greedy(logits, [3, 7, 1]) == (2, 2)   # third draft wrong: target's 2 instead
+    assert verify_greedy(logits, [3, 7, 2]) == (3, 9)   # all kept: bonus token from the last row
+    assert verify_greedy(logits, [4, 7, 2]) == (0, 3)   # first wrong: nothing kept after it
+    assert verify_greedy(logits[:1], []) == (0, 3)      # K = 0 is the plain target step
+
+
+def _first_token_distribution(p, q, trials, rule):
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(p.size(-1))
+    for _ in range(trials):
+        x = int(torch.multinomial(q[0], 1, generator=gen))   # the draft really samples from q
+        n, nxt = rule(p, q, [x], gen)
+        counts[x if n == 1 else nxt] += 1
+    return counts / trials
+
+
+def test_rejection_sampling_follows_the_target_distribution():
+    p = torch.tensor([[0.05, 0.40, 0.05, 0.30, 0.15, 0.05], [1 / 6] * 6])
+    q = torch.tensor([[0.40, 0.05, 0.30, 0.05, 0.10, 0.10]])
+    got = _first_token_distribution(p, q, 20000, verify_sampled)
+    tv = 0.5 * float((got - p[0]).abs().sum())
+    assert tv < 0.015, (got, p[0])
+
+    # The bound has power: resampling from p instead of norm(max(0, p - q)) on rejection gives
+    # min(p, q) + (1 - sum(min(p, q))) * p, whose distance from p is far above the bound.
+    wrong = torch.minimum(p[0], q[0]) + (1 - torch.minimum(p[0], q[0]).sum()) * p[0]
+    assert 0.5 * float((wrong - p[0]).abs().sum()) > 0.1
+
+
+def test_one_hot_draft_uses_the_residual_without_the_proposed_token():
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]])
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(200):
+        n, nxt = verify_sampled(p, None, [0], gen)
+        assert n == 1 or nxt != 0  # rejecting token 0 can never emit token 0
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = adjust_probs(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), temperature=1.0, top_p=0.75)
+    assert torch.allclose(probs, torch.tensor([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]))
+
+
+def test_expected_tokens_and_best_k():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert abs(expected_tokens(0.8, 3) - (1 - 0.8 ** 4) / 0.2) < 1e-12
+    flat = [1.0] * 9
+    assert best_k(0.9, 0.01, flat, 8) == 8          # nearly free, nearly always right: draft a lot
+    assert best_k(0.3, 0.6, flat, 8) == 0           # expensive and wrong: target alone
+    k = best_k(0.7, 0.2, flat, 8)
+    rate = lambda k: expected_tokens(0.7, k) / (1 + 0.2 * k)  # noqa: E731
+    assert all(rate(k) >= rate(j) for j in range(9))
+
+
+def test_controller_learns_acceptance_and_goes_to_zero_when_drafting_does_not_pay():
+    ctl = KController(prior_alpha=0.6, prior_cost=0.3)
+    for _ in range(30):
+        ctl.record(proposed=4, kept=0, asked=4, seconds=0.004)
+    assert ctl.alpha < 0.05
+    ks = [ctl.choose(target_s=0.01, verify_cost=[1.0] * 9) for _ in range(16)]
+    assert ks.count(0) == 15 and ks[-1] == 1  # K = 0, with one probe so a recovery is noticed
+    for _ in range(30):
+        ctl.record(proposed=4, kept=4, asked=4, seconds=0.0001)
+    assert ctl.alpha > 0.95 and ctl.choose(target_s=0.01, verify_cost=[1.0] * 9) >= 6
