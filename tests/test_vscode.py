@@ -7,10 +7,12 @@ downloaded here: editors/README.md says what this does and does not cover.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import shutil
 import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -95,3 +97,25 @@ def test_settings_mirror_the_server():
     wanted = {"enable", "preset", "draft", "target", "device", "max_tokens", "debounce_ms",
               "context_tokens"}
     assert wanted <= snake, wanted - snake
+
+
+def _server_executable() -> str | None:
+    beside = pathlib.Path(sys.executable).parent / "codespec-lsp"
+    return str(beside) if beside.exists() else shutil.which("codespec-lsp")
+
+
+@needs_npm
+@pytest.mark.slow
+def test_extension_against_the_real_server(built, tmp_path):
+    """The compiled extension with the real vscode-languageclient, starting the real server on
+    the embedded pair; only VS Code itself is replaced (editors/vscode/itest/vscode-shim.ts)."""
+    server = _server_executable()
+    if server is None:
+        pytest.skip("the codespec-lsp console script is not installed (pip install -e .)")
+    log = tmp_path / "server.log"
+    env = dict(os.environ, CODESPEC_LSP=server, CODESPEC_LSP_LOG=str(log))
+    proc = subprocess.run([NPM, "run", "test:server"], cwd=built, env=env, capture_output=True,
+                          text=True, timeout=900, stdin=subprocess.DEVNULL)
+    server_log = log.read_text(errors="replace")[-4000:] if log.exists() else "(no server log)"
+    assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}\n--- server log\n{server_log}"
+    assert re.search(r"^# pass 1$", proc.stdout, re.M), proc.stdout[-3000:]
