@@ -1,5 +1,5 @@
-"""The Neovim plugin (editors/nvim) in a real headless Neovim, against the real server on the
-embedded model pair.
+"""The Neovim plugin (editors/nvim) in a real headless Neovim: its text handling on its own
+(editors/nvim/tests/unit.lua), then against the real server on the embedded model pair.
 
 editors/nvim/tests/driver.lua types into a Python buffer through nvim_input (as a UI does),
 from timer callbacks so Neovim's main loop and autocommands run between keystrokes, and writes
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.editor, pytest.mark.slow]
+pytestmark = pytest.mark.editor
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "editors" / "nvim"
@@ -89,6 +89,18 @@ def insert_at(lines: list[str], row: int, col: int, text: str) -> list[str]:
     return lines[:row] + joined.split("\n") + lines[row + 1:]
 
 
+def test_text_handling_without_a_server():
+    """UTF-16/UTF-8 ranges to byte columns, replaced text after the cursor, word and line
+    accepts with their events, and the extmarks drawn."""
+    proc = subprocess.run(
+        [NVIM, "--headless", "--clean", "--cmd", f"set rtp^={PLUGIN}", "-l",
+         str(PLUGIN / "tests" / "unit.lua")],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "codespec unit checks passed" in proc.stdout
+
+
+@pytest.mark.slow
 def test_type_see_ghost_text_accept_word_type_through_and_accept(tmp_path):
     r = run_driver(tmp_path, case="accept", start_keys="Go", type="if n",
                    interval_ms=80, debounce_ms=30)
@@ -137,6 +149,7 @@ def test_type_see_ghost_text_accept_word_type_through_and_accept(tmp_path):
     assert r["server_stopped"], "the server did not exit after shutdown"
 
 
+@pytest.mark.slow
 def test_fast_typing_cancels_stale_requests_and_shows_only_the_newest(tmp_path):
     typed = "result = fibonacci(n - 1) + fib"
     r = run_driver(tmp_path, case="fast", start_keys="Go", type=typed,
@@ -154,3 +167,10 @@ def test_fast_typing_cancels_stale_requests_and_shows_only_the_newest(tmp_path):
     assert [r["shown"]["row"], r["shown"]["col"]] == r["cursor"] == r["typed_at"]
     assert r["lines"][-1].endswith(typed)
     assert r["fresh"] is not None and r["shown"]["text"] == r["fresh"]
+
+    # :CodespecStats shows the server's stats and this buffer's counts.
+    assert "typing_through_hits" in r["stats_echo"] and "cancelled" in r["stats_echo"]
+    # :CodespecRestart replaced the server; the new one starts from zero and loads again.
+    assert r["restart"]["new"] != r["restart"]["old"]
+    assert r["restart"]["stats"]["requests"] == 0
+    assert r["server_stopped"], "the server did not exit after shutdown"

@@ -200,6 +200,27 @@ function cases.fast()
   result.fresh = fresh_answer()
   result.lines = lines()
   result.stats = server_stats()
+
+  -- :CodespecStats puts the stats in the message history.
+  vim.cmd('stopinsert')
+  vim.cmd('CodespecStats')
+  result.stats_echo = wait_for('the :CodespecStats message', function()
+    local m = vim.fn.execute('messages')
+    return m:find('typing_through_hits', 1, true) and m:find('this buffer', 1, true) and m
+  end, 10000)
+
+  -- :CodespecRestart: a new server process for the same buffer, which loads again.
+  local old = client().id
+  vim.cmd('CodespecRestart')
+  local new = wait_for('a restarted server', function()
+    local c = client()
+    return c and c.id ~= old and c
+  end, 30000)
+  result.restart = { old = old, new = new.id }
+  result.restart.stats = wait_for('the restarted server to load', function()
+    local s = server_stats()
+    return s.state == 'ready' and s
+  end)
 end
 
 co = coroutine.create(function()

@@ -207,6 +207,9 @@ local function from_item(client, bufnr, item, row, col)
   }
 end
 
+-- For the unit tests (editors/nvim/tests/unit.lua), which build suggestions without a server.
+M._from_item = from_item
+
 --- Ask for a suggestion at the cursor now, cancelling whatever was asked before.
 function M.request(bufnr, trigger)
   local client = M.client(bufnr)
@@ -330,10 +333,12 @@ function M.on_insert_leave(bufnr)
   end
 end
 
+-- Bytes 128-255 are parts of UTF-8 characters: counted as word characters, so a non-ASCII
+-- identifier is one word and a multibyte character is never split.
 function M.next_word(s)
   return s:match('^\r?\n[ \t]*')
-    or s:match('^[ \t]*[%w_]+')
-    or s:match('^[ \t]*[^%w_%s]+')
+    or s:match('^[ \t]*[%w_\128-\255]+')
+    or s:match('^[ \t]*[^%w_%s\128-\255]+')
     or s:match('^[ \t]+')
     or s
 end
