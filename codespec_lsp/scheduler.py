@@ -1,0 +1,519 @@
+"""What runs when: model loading, the single engine worker, supersede/cancel, debounce, and the
+typing-through cache. Plain asyncio objects, testable without an LSP client.
+
+Promises:
+- One engine worker thread: the engine is not thread-safe, and one model pair saturates the
+  accelerator anyway. Prompt building also runs there, since it uses the engine's tokenizer.
+- The newest request for a document wins: an older one still debouncing, queued or generating
+  has its CancelToken set and answers "superseded" at once; the engine stops within one forward.
+- A cancelled request ($/cancelRequest → asyncio cancellation) sets the engine's token too.
+- Typing through a shown suggestion, or asking again at the same place, answers from memory
+  with no model call.
+- Every target forward is accounted exactly once as used (its answer was delivered) or wasted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+from cachetools import LRUCache
+
+from codespec_lsp.config import Settings, default_context_tokens
+from codespec_lsp.context import ContextBuilder
+from codespec_lsp.engine.api import CancelToken, GenerationResult, ModelLoadError
+from codespec_lsp.postprocess import decide_mode, finalize, block_end
+
+log = logging.getLogger(__name__)
+
+PREFIX_KEY_CHARS = 4096   # text before the cursor that identifies a cached suggestion
+SUFFIX_KEY_CHARS = 512
+
+
+# ---------------------------------------------------------------- debounce
+
+
+class Debouncer:
+    """Keyed debounce: `wait(key, s)` is True once `s` passed with no newer `wait` for `key`,
+    and False at once when a newer one arrives. `sleep` is injectable for a fake clock."""
+
+    def __init__(self, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
+        self._sleep = sleep
+        self._waiters: dict[str, asyncio.Future] = {}
+
+    def supersede(self, key: str) -> None:
+        prev = self._waiters.pop(key, None)
+        if prev is not None and not prev.done():
+            prev.set_result(False)
+
+    async def wait(self, key: str, delay_s: float) -> bool:
+        self.supersede(key)
+        if delay_s <= 0:
+            return True
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[key] = fut
+        sleeper = asyncio.ensure_future(self._sleep(delay_s))
+        sleeper.add_done_callback(lambda _: fut.done() or fut.set_result(True))
+        try:
+            return await fut
+        finally:
+            sleeper.cancel()
+            if self._waiters.get(key) is fut:
+                del self._waiters[key]
+
+
+# ---------------------------------------------------------------- typing-through cache
+
+
+@dataclass(frozen=True)
+class _Entry:
+    offset: int
+    text: str
+
+
+class CompletionCache:
+    """Recent suggestions keyed by (document, text before the cursor, text after it).
+
+    A repeat of the same place is one dict lookup. Typing through: the newest few entries of the
+    document are checked for "the user typed the start of this suggestion since"; the keys
+    hash a bounded window of text, so a 1 MB document costs what a small one does.
+    """
+
+    def __init__(self, maxsize: int = 256, per_document: int = 8) -> None:
+        self._lru: LRUCache = LRUCache(maxsize)
+        self._recent: dict[str, deque] = {}
+        self._per_document = per_document
+
+    @staticmethod
+    def _key(uri: str, source: str, offset: int) -> tuple:
+        return (uri, hash(source[max(0, offset - PREFIX_KEY_CHARS):offset]),
+                hash(source[offset:offset + SUFFIX_KEY_CHARS]))
+
+    def put(self, uri: str, source: str, offset: int, text: str) -> None:
+        key = self._key(uri, source, offset)
+        self._lru[key] = _Entry(offset, text)
+        recent = self._recent.setdefault(uri, deque(maxlen=self._per_document))
+        if key in recent:
+            recent.remove(key)
+        recent.append(key)
+
+    def get(self, uri: str, source: str, offset: int) -> tuple[str, str] | None:
+        """(text, "repeat" | "typing_through") or None."""
+        key = self._key(uri, source, offset)
+        if (hit := self._lru.get(key)) is not None:
+            return hit.text, "repeat"
+        suffix_hash = key[2]
+        for old in reversed(self._recent.get(uri, ())):
+            entry = self._lru.get(old)
+            if entry is None or not entry.text or entry.offset >= offset or old[2] != suffix_hash:
+                continue
+            typed = source[entry.offset:offset]
+            if len(typed) >= len(entry.text) or not entry.text.startswith(typed):
+                continue
+            if hash(source[max(0, entry.offset - PREFIX_KEY_CHARS):entry.offset]) != old[1]:
+                continue
+            return entry.text[len(typed):], "typing_through"
+        return None
+
+    def forget(self, uri: str) -> None:
+        for key in self._recent.pop(uri, ()):
+            self._lru.pop(key, None)
+
+
+# ---------------------------------------------------------------- engine lifecycle
+
+
+def default_loader(settings: Settings) -> Any:
+    from codespec_lsp.engine import load_engine
+    return load_engine(preset=settings.preset, draft=settings.draft, target=settings.target,
+                       device=settings.device, dtype=settings.dtype,
+                       allow_download=settings.allow_download,
+                       trust_remote_code=settings.trust_remote_code)
+
+
+@dataclass
+class LoadOutcome:
+    ok: bool
+    message: str
+    warning: str | None = None
+
+
+def plan_warning(engine: Any, context_tokens: int) -> str | None:
+    """Ask the planner whether this pair fits and pays; None when fine or when it can't say."""
+    try:
+        from codespec_lsp.planner import plan_pair
+        import psutil
+        gpu_mem = None
+        if str(engine.device).startswith("cuda"):
+            import torch  # the planner needs the free memory; only the loader side touches torch
+            gpu_mem = torch.cuda.get_device_properties(torch.device(engine.device)).total_memory
+        plan = plan_pair(engine.draft_name, engine.target_name,
+                         gpu_mem or psutil.virtual_memory().total, context_tokens, engine=engine)
+    except Exception as exc:  # a missing or failing planner must never break serving
+        log.debug("planner unavailable: %s", exc)
+        return None
+    if not plan.get("fits", True):
+        return f"{engine.target_name} + {engine.draft_name} will not fit: {plan.get('advice', '')}"
+    if plan.get("expected_speedup", 1.0) < 1.0:
+        return (f"speculative decoding with {engine.draft_name} is not expected to speed up "
+                f"{engine.target_name} (x{plan['expected_speedup']:.2f}): {plan.get('advice', '')}")
+    return None
+
+
+async def _in_daemon_thread(fn: Callable, *args: Any) -> Any:
+    """Like asyncio.to_thread, but a daemon thread: quitting the editor must not wait for a
+    half-finished load of a large checkpoint."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def run() -> None:
+        try:
+            value = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            loop.call_soon_threadsafe(lambda e=exc: fut.done() or fut.set_exception(e))
+        else:
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(value))
+
+    threading.Thread(target=run, name="codespec-load", daemon=True).start()
+    return await fut
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+class EngineHost:
+    """Holds the engine and its state (loading/ready/error); loads in a background thread.
+
+    While one load runs, newer wishes only update what is wanted; the running loop picks the
+    latest when it finishes, so a burst of setting changes loads once.
+    """
+
+    def __init__(self, loader: Callable[[Settings], Any] = default_loader) -> None:
+        self._loader = loader
+        self.engine: Any = None
+        self.state = "loading"
+        self.error: str | None = None
+        self._loaded_key: tuple | None = None
+        self._wanted: Settings | None = None
+        self._running = False
+
+    def needs_load(self, settings: Settings) -> bool:
+        return settings.model_key() != self._loaded_key
+
+    async def load(self, settings: Settings,
+                   on_start: Callable[[Settings], Any] = lambda s: None,
+                   on_done: Callable[[LoadOutcome], Any] = lambda o: None) -> None:
+        """Callbacks may be plain functions or coroutines (progress needs a client round trip)."""
+        self._wanted = settings
+        if self._running:
+            return
+        self._running = True
+        try:
+            while self._wanted is not None and self.needs_load(self._wanted):
+                wanted = self._wanted
+                # Drop the old pair first: two pairs at once may not fit in GPU memory.
+                self.engine, self.state, self.error = None, "loading", None
+                await _maybe_await(on_start(wanted))
+                outcome = await self._load_one(wanted)
+                self._loaded_key = wanted.model_key()
+                await _maybe_await(on_done(outcome))
+        finally:
+            self._running = False
+
+    async def _load_one(self, settings: Settings) -> LoadOutcome:
+        try:
+            engine = await _in_daemon_thread(self._loader, settings)
+        except ModelLoadError as exc:
+            self.state, self.error = "error", str(exc)
+            return LoadOutcome(False, f"codespec: models not loaded: {exc}")
+        except Exception as exc:
+            name = type(exc).__name__
+            hint = " (out of memory: try a smaller or GPTQ preset)" if "memory" in str(exc).lower() \
+                or "OutOfMemory" in name else ""
+            self.state, self.error = "error", f"{name}: {exc}{hint}"
+            log.exception("model load failed")
+            return LoadOutcome(False, f"codespec: models not loaded: {name}: {exc}{hint}")
+        self.engine, self.state = engine, "ready"
+        budget = settings.context_tokens or default_context_tokens(
+            engine.context_window, settings.max_tokens)
+        warning = await asyncio.to_thread(plan_warning, engine, budget)
+        return LoadOutcome(True, f"codespec: {engine.target_name} + {engine.draft_name} ready "
+                                 f"on {engine.device}", warning)
+
+
+# ---------------------------------------------------------------- stats
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    answered: int = 0
+    cancelled: int = 0
+    superseded: int = 0
+    typing_through_hits: int = 0
+    cache_reused_tokens: int = 0
+    prefill_tokens: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    generated_tokens: int = 0
+    target_forwards: int = 0
+    wasted_target_forwards: int = 0
+    shown: int = 0
+    accepted_suggestions: int = 0
+    partially_accepted: int = 0
+    latencies_ms: deque = field(default_factory=lambda: deque(maxlen=2000))
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies_ms:
+            return 0.0
+        xs = sorted(self.latencies_ms)
+        return round(xs[min(len(xs) - 1, int(q * len(xs)))], 2)
+
+
+@dataclass
+class CompletionRequest:
+    key: str                                      # document uri
+    source: str                                   # snapshot of the document text
+    offset: int                                   # cursor, in code points
+    others: Sequence[tuple[str, str]] = ()        # (name, text) of other open documents
+
+
+@dataclass
+class Outcome:
+    text: str | None
+    status: str   # answered|repeat|typing_through|superseded|cancelled|not_ready|disabled|error
+    id: str | None = None
+    result: GenerationResult | None = None
+
+
+@dataclass(eq=False)
+class _Job:
+    cancel: CancelToken = field(default_factory=CancelToken)
+    superseded: asyncio.Event = field(default_factory=asyncio.Event)
+    future: asyncio.Future | None = None
+    abandoned: bool = False
+    accounted: bool = False
+
+
+def split_line(source: str, offset: int) -> tuple[str, str, str]:
+    """(text before the cursor on its line, text after it, nearest non-blank line above)."""
+    start = source.rfind("\n", 0, offset) + 1
+    end = source.find("\n", offset)
+    prev, i = "", start - 1
+    while i > 0 and not prev.strip():
+        j = source.rfind("\n", 0, i) + 1
+        prev, i = source[j:i], j - 1
+    return source[start:offset], source[offset:end if end != -1 else len(source)], prev
+
+
+# ---------------------------------------------------------------- scheduler
+
+
+class Scheduler:
+    def __init__(self, host: EngineHost, settings: Callable[[], Settings], *,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.host = host
+        self.settings = settings
+        self.stats = Stats()
+        self.cache = CompletionCache()
+        self.debouncer = Debouncer(sleep)
+        self._clock = clock
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, "codespec-engine")
+        self._jobs: dict[str, _Job] = {}
+        self._builder: tuple[tuple, ContextBuilder] | None = None
+        self._ids = itertools.count(1)
+        self._shown: LRUCache = LRUCache(512)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        for job in list(self._jobs.values()):
+            job.cancel.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def forget(self, key: str) -> None:
+        self.cache.forget(key)
+        self._supersede(key)
+        if self._builder is not None:
+            self._builder[1].forget(key)
+
+    def _supersede(self, key: str) -> None:
+        self.debouncer.supersede(key)
+        if (job := self._jobs.pop(key, None)) is not None:
+            job.cancel.cancel()
+            job.superseded.set()
+
+    async def complete(self, req: CompletionRequest) -> Outcome:
+        t0 = self._clock()
+        self.stats.requests += 1
+        outcome = await self._complete(req)
+        if outcome.status == "superseded":
+            self.stats.superseded += 1
+        else:
+            self.stats.answered += 1
+            self.stats.latencies_ms.append((self._clock() - t0) * 1000)
+        if outcome.text:
+            outcome.id = f"c{next(self._ids)}"
+            self._shown[outcome.id] = len(outcome.text)
+        return outcome
+
+    async def _complete(self, req: CompletionRequest) -> Outcome:
+        settings = self.settings()
+        if not settings.enable:
+            self._supersede(req.key)
+            return Outcome(None, "disabled")
+        if (hit := self.cache.get(req.key, req.source, req.offset)) is not None:
+            self._supersede(req.key)  # the user moved on: older work for this document is moot
+            self.stats.typing_through_hits += 1
+            return Outcome(hit[0] or None, hit[1])
+        engine = self.host.engine
+        if engine is None:
+            return Outcome(None, "not_ready")
+        self._supersede(req.key)
+        job = self._jobs[req.key] = _Job()
+        try:
+            if not await self.debouncer.wait(req.key, settings.debounce_ms / 1000):
+                return self._abandon(job, "superseded")
+            if job.superseded.is_set():
+                return self._abandon(job, "superseded")
+            loop = asyncio.get_running_loop()
+            job.future = loop.run_in_executor(self._executor, self._run, engine, job, req, settings)
+            job.future.add_done_callback(lambda f: job.abandoned and self._account(job))
+            superseded = asyncio.ensure_future(job.superseded.wait())
+            try:
+                await asyncio.wait([job.future, superseded], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                superseded.cancel()
+            if not job.future.done():  # a finished answer is delivered even if just overtaken
+                return self._abandon(job, "superseded")
+            result, text = job.future.result()
+            self._account(job)
+        except asyncio.CancelledError:
+            self._abandon(job, "cancelled")
+            self.stats.cancelled += 1
+            raise
+        except Exception:
+            # An engine bug must cost one empty answer, not the server.
+            log.exception("generation failed")
+            return Outcome(None, "error")
+        finally:
+            if self._jobs.get(req.key) is job:
+                del self._jobs[req.key]
+        if result is None or result.cancelled:
+            return Outcome(None, "superseded", result=result)
+        self.cache.put(req.key, req.source, req.offset, text or "")
+        return Outcome(text, "answered", result=result)
+
+    def _abandon(self, job: _Job, status: str) -> Outcome:
+        job.abandoned = True
+        job.cancel.cancel()
+        if job.future is not None and job.future.done():
+            self._account(job)
+        return Outcome(None, status)
+
+    def _account(self, job: _Job) -> None:
+        if job.accounted or job.future is None or job.future.cancelled():
+            return
+        job.accounted = True
+        if job.future.exception() is not None:
+            return
+        result, _ = job.future.result()
+        if result is None:
+            return
+        s = self.stats
+        s.target_forwards += result.target_forwards
+        if job.abandoned or result.cancelled:
+            s.wasted_target_forwards += result.target_forwards
+        s.prefill_tokens += result.prefill_tokens
+        s.cache_reused_tokens += result.reused_tokens
+        s.proposed += result.proposed
+        s.accepted += result.accepted
+        s.generated_tokens += len(result.tokens)
+
+    # Runs on the engine thread: everything that touches the engine or its tokenizer.
+    def _run(self, engine: Any, job: _Job, req: CompletionRequest,
+             settings: Settings) -> tuple[GenerationResult | None, str | None]:
+        if job.cancel.cancelled:
+            return None, None  # overtaken while queued: no forward spent
+        builder = self._context_builder(engine, settings)
+        prompt = builder.build(req.key, req.source, req.offset, req.others)
+        line_prefix, line_suffix, prev_line = split_line(req.source, req.offset)
+        mode = decide_mode(line_prefix, line_suffix, prev_line)
+        result = engine.generate(prompt.text, max_new_tokens=settings.max_tokens,
+                                 stop_fn=lambda text: block_end(text, mode), cancel=job.cancel,
+                                 lookup_text=prompt.lookup_text)
+        if result.cancelled:
+            return result, None
+        return result, finalize(result.text, line_prefix, prompt.suffix, mode)
+
+    def _context_builder(self, engine: Any, settings: Settings) -> ContextBuilder:
+        budget = settings.context_tokens or default_context_tokens(
+            engine.context_window, settings.max_tokens)
+        key = (id(engine), budget, settings.other_documents)
+        if self._builder is None or self._builder[0] != key:
+            self._builder = key, ContextBuilder(engine.count_tokens, budget,
+                                                fim_tokens=engine.fim_tokens,
+                                                other_documents=settings.other_documents)
+        return self._builder[1]
+
+    # ------------------------------------------------------------ reporting
+
+    def record_feedback(self, kind: str, completion_id: str | None) -> bool:
+        """kind: shown | accepted | partial. Only ids this server handed out count."""
+        if completion_id not in self._shown:
+            return False
+        if kind == "shown":
+            self.stats.shown += 1
+        elif kind == "accepted":
+            self.stats.accepted_suggestions += 1
+        elif kind == "partial":
+            self.stats.partially_accepted += 1
+        return True
+
+    def stats_dict(self) -> dict:
+        s, engine = self.stats, self.host.engine
+        return {
+            "requests": s.requests,
+            "answered": s.answered,
+            "cancelled": s.cancelled,
+            "superseded": s.superseded,
+            "typing_through_hits": s.typing_through_hits,
+            "cache_reused_tokens": s.cache_reused_tokens,
+            "prefill_tokens": s.prefill_tokens,
+            "acceptance_rate": round(s.accepted / s.proposed, 4) if s.proposed else 0.0,
+            "tokens_per_target_forward":
+                round(s.generated_tokens / s.target_forwards, 4) if s.target_forwards else 0.0,
+            "latency_ms_p50": s.percentile(0.5),
+            "latency_ms_p95": s.percentile(0.95),
+            "draft": getattr(engine, "draft_name", None),
+            "target": getattr(engine, "target_name", None),
+            "device": getattr(engine, "device", None),
+            "state": self.host.state,
+        }
+
+    def counters(self) -> dict:
+        """Raw counts beyond the stats contract, for the server benchmark and debugging."""
+        s = self.stats
+        return {
+            "target_forwards": s.target_forwards,
+            "wasted_target_forwards": s.wasted_target_forwards,
+            "wasted_forward_share":
+                round(s.wasted_target_forwards / s.target_forwards, 4) if s.target_forwards else 0.0,
+            "generated_tokens": s.generated_tokens,
+            "shown": s.shown,
+            "accepted": s.accepted_suggestions,
+            "partially_accepted": s.partially_accepted,
+            "shown_acceptance_rate":
+                round(s.accepted_suggestions / s.shown, 4) if s.shown else 0.0,
+            "error": self.host.error,
+        }

@@ -1,0 +1,355 @@
+import asyncio
+import dataclasses
+import threading
+
+import pytest
+
+from codespec_lsp.config import Settings
+from codespec_lsp.engine.api import ModelLoadError
+from codespec_lsp.scheduler import (
+    CompletionCache,
+    CompletionRequest,
+    Debouncer,
+    EngineHost,
+    Scheduler,
+    split_line,
+)
+from fake_engine import FakeEngine
+
+STATS_FIELDS = {
+    "requests", "answered", "cancelled", "superseded", "typing_through_hits",
+    "cache_reused_tokens", "prefill_tokens", "acceptance_rate", "tokens_per_target_forward",
+    "latency_ms_p50", "latency_ms_p95", "draft", "target", "device", "state",
+}
+
+
+class FakeClock:
+    """Sleeps resolve only when the test advances the clock."""
+
+    def __init__(self):
+        self.now = 0.0
+        self._sleepers: list[tuple[float, asyncio.Future]] = []
+
+    async def sleep(self, s: float) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self.now + s, fut))
+        await fut
+
+    def advance(self, s: float) -> None:
+        self.now += s
+        for t, fut in self._sleepers:
+            if t <= self.now and not fut.done():
+                fut.set_result(None)
+
+
+async def settle(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def make(engine=None, clock=None, **settings):
+    host = EngineHost(loader=lambda s: engine)
+    host.engine, host.state = engine, "ready" if engine else "loading"
+    cfg = Settings(debounce_ms=settings.pop("debounce_ms", 0), **settings)
+    sched = Scheduler(host, lambda: cfg, sleep=clock.sleep if clock else asyncio.sleep)
+    return sched
+
+
+def req(source, offset=None, key="file:///a.py"):
+    return CompletionRequest(key, source, len(source) if offset is None else offset)
+
+
+# ------------------------------------------------------------ debounce
+
+
+async def test_debounce_fires_after_delay():
+    clock = FakeClock()
+    d = Debouncer(clock.sleep)
+    t = asyncio.ensure_future(d.wait("a", 0.1))
+    await settle()
+    assert not t.done()
+    clock.advance(0.1)
+    await settle()
+    assert t.result() is True
+
+
+async def test_newer_call_releases_older_at_once():
+    clock = FakeClock()
+    d = Debouncer(clock.sleep)
+    first = asyncio.ensure_future(d.wait("a", 0.1))
+    await settle()
+    second = asyncio.ensure_future(d.wait("a", 0.1))
+    await settle()
+    assert first.done() and first.result() is False  # no clock advance needed
+    clock.advance(0.1)
+    await settle()
+    assert second.result() is True
+
+
+async def test_debounce_is_keyed():
+    clock = FakeClock()
+    d = Debouncer(clock.sleep)
+    a = asyncio.ensure_future(d.wait("a", 0.1))
+    b = asyncio.ensure_future(d.wait("b", 0.1))
+    clock_task = asyncio.sleep(0)
+    await clock_task
+    await settle()
+    clock.advance(0.2)
+    await settle()
+    assert a.result() is True and b.result() is True
+
+
+# ------------------------------------------------------------ cache
+
+
+def test_cache_repeat_and_typing_through():
+    c = CompletionCache()
+    src = "x = \nprint(x)\n"
+    c.put("u", src, 4, "value + 1")
+    assert c.get("u", src, 4) == ("value + 1", "repeat")
+    typed = "x = val\nprint(x)\n"
+    assert c.get("u", typed, 7) == ("ue + 1", "typing_through")
+    assert c.get("u", "x = vax\nprint(x)\n", 7) is None      # typed something else
+    assert c.get("u", "y = val\nprint(x)\n", 7) is None      # text above changed
+    assert c.get("u", "x = val\nprint(y)\n", 7) is None      # text below changed
+    assert c.get("u", "x = value + 1\nprint(x)\n", 13) is None  # typed it all: nothing left
+
+
+def test_cache_is_bounded():
+    c = CompletionCache(maxsize=4)
+    for i in range(50):
+        c.put("u", f"line{i}", 5, "x")
+    assert len(c._lru) == 4
+
+
+def test_cache_forget():
+    c = CompletionCache()
+    c.put("u", "abc", 3, "d")
+    c.forget("u")
+    assert c.get("u", "abc", 3) is None
+
+
+def test_split_line():
+    src = "def f():\n\n    x = 1\n    y"
+    assert split_line(src, len(src)) == ("    y", "", "    x = 1")
+    assert split_line("a(b)", 2) == ("a(", "b)", "")
+
+
+# ------------------------------------------------------------ scheduler
+
+
+async def test_answer_is_postprocessed_and_counted():
+    eng = FakeEngine()
+    s = make(eng)
+    out = await s.complete(req("x = "))
+    assert out.status == "answered" and out.text == "value + 1" and out.id
+    st = s.stats_dict()
+    assert set(st) == STATS_FIELDS
+    assert st["requests"] == 1 and st["answered"] == 1 and st["state"] == "ready"
+    assert st["target"] == "fake-target" and st["prefill_tokens"] > 0
+    assert 0 < st["tokens_per_target_forward"]
+
+
+async def test_block_mode_stops_at_dedent_inside_engine():
+    eng = FakeEngine()
+    s = make(eng)
+    out = await s.complete(req("def f(value):"))
+    assert out.text == "\n    return value + 1"
+    # stop_fn ended generation before the script's "def other()" was produced
+    assert out.result.stop_reason == "stop"
+
+
+async def test_repeat_and_typing_through_cost_no_model_call():
+    eng = FakeEngine()
+    s = make(eng)
+    await s.complete(req("x = "))
+    again = await s.complete(req("x = "))
+    typed = await s.complete(req("x = valu"))
+    assert again.text == "value + 1" and again.status == "repeat"
+    assert typed.text == "e + 1" and typed.status == "typing_through"
+    assert eng.calls == 1 and s.stats.typing_through_hits == 2
+
+
+async def test_diverging_typing_calls_model():
+    eng = FakeEngine()
+    s = make(eng)
+    await s.complete(req("x = "))
+    await s.complete(req("x = q"))
+    assert eng.calls == 2
+
+
+async def test_not_ready_answers_empty_without_engine():
+    s = make(None)
+    out = await s.complete(req("x = "))
+    assert out.text is None and out.status == "not_ready"
+    assert s.stats_dict()["state"] == "loading" and s.stats.answered == 1
+
+
+async def test_disabled():
+    s = make(FakeEngine(), enable=False)
+    assert (await s.complete(req("x = "))).status == "disabled"
+
+
+async def test_newer_request_supersedes_generating_one():
+    gate = threading.Event()
+    eng = FakeEngine(gate=gate, tokens_per_forward=1)
+    s = make(eng)
+    first = asyncio.ensure_future(s.complete(req("x = ")))
+    await asyncio.to_thread(eng.started.wait, 5)
+    second = asyncio.ensure_future(s.complete(req("x = y")))
+    # The older answers at once while the engine is still held mid-generation.
+    out1 = await asyncio.wait_for(first, 5)
+    assert out1.status == "superseded" and out1.text is None
+    gate.set()
+    out2 = await asyncio.wait_for(second, 5)
+    assert out2.status == "answered"
+    await settle()
+    st = s.stats
+    assert st.superseded == 1 and eng.calls == 2
+    # The cancelled generation stopped within one forward of the cancel.
+    first_forwards = st.wasted_target_forwards
+    assert 1 <= first_forwards <= 2
+    assert st.target_forwards == first_forwards + out2.result.target_forwards
+
+
+async def test_supersede_during_debounce_never_calls_engine():
+    clock = FakeClock()
+    eng = FakeEngine()
+    s = make(eng, clock, debounce_ms=50)
+    first = asyncio.ensure_future(s.complete(req("x = ")))
+    await settle()
+    second = asyncio.ensure_future(s.complete(req("x = 1")))
+    await settle()
+    assert (await first).status == "superseded"
+    clock.advance(0.05)
+    assert (await asyncio.wait_for(second, 5)).status == "answered"
+    assert eng.calls == 1
+
+
+async def test_queued_job_superseded_before_start_spends_nothing():
+    gate = threading.Event()
+    eng = FakeEngine(gate=gate)
+    s = make(eng)
+    a = asyncio.ensure_future(s.complete(req("x = ", key="file:///a.py")))
+    await asyncio.to_thread(eng.started.wait, 5)
+    b1 = asyncio.ensure_future(s.complete(req("y = ", key="file:///b.py")))  # queued behind a
+    await settle()
+    b2 = asyncio.ensure_future(s.complete(req("y = 2", key="file:///b.py")))
+    assert (await asyncio.wait_for(b1, 5)).status == "superseded"
+    gate.set()
+    assert (await a).status == "answered"  # other documents are not superseded
+    assert (await b2).status == "answered"
+    assert eng.calls == 2  # b1 was skipped in the queue
+
+
+async def test_cancel_request_sets_engine_token():
+    gate = threading.Event()
+    eng = FakeEngine(gate=gate, tokens_per_forward=1)
+    s = make(eng)
+    task = asyncio.ensure_future(s.complete(req("x = ")))
+    await asyncio.to_thread(eng.started.wait, 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gate.set()
+    # The worker returns promptly with a cancelled result; the next request gets the engine.
+    out = await asyncio.wait_for(s.complete(req("z = ")), 5)
+    assert out.status == "answered"
+    st = s.stats
+    assert st.cancelled == 1 and 1 <= st.wasted_target_forwards <= 2
+    assert st.requests == 2 and st.answered == 1
+
+
+async def test_engine_never_runs_concurrently():
+    eng = FakeEngine(forward_s=0.001)
+    s = make(eng)
+    outs = await asyncio.gather(*[s.complete(req("x = ", key=f"file:///{i}.py"))
+                                  for i in range(6)])
+    assert all(o.status == "answered" for o in outs)  # FakeEngine raises on concurrent use
+
+
+async def test_engine_error_gives_empty_answer():
+    class Broken(FakeEngine):
+        def generate(self, *a, **k):
+            raise RuntimeError("boom")
+
+    s = make(Broken())
+    out = await s.complete(req("x = "))
+    assert out.text is None and out.status == "error"
+
+
+async def test_feedback_counts_only_known_ids():
+    s = make(FakeEngine())
+    out = await s.complete(req("x = "))
+    assert s.record_feedback("shown", out.id)
+    assert s.record_feedback("accepted", out.id)
+    assert not s.record_feedback("accepted", "nope")
+    c = s.counters()
+    assert c["shown"] == 1 and c["accepted"] == 1 and c["shown_acceptance_rate"] == 1.0
+
+
+async def test_forget_drops_document_state():
+    s = make(FakeEngine())
+    await s.complete(req("x = "))
+    s.forget("file:///a.py")
+    await s.complete(req("x = "))
+    assert s.stats.typing_through_hits == 0
+
+
+# ------------------------------------------------------------ loading
+
+
+async def test_host_loads_and_reports():
+    eng = FakeEngine()
+    host = EngineHost(loader=lambda s: eng)
+    done = []
+    await host.load(Settings(), on_done=done.append)
+    assert host.state == "ready" and host.engine is eng
+    assert done[0].ok and "fake-target" in done[0].message
+    assert not host.needs_load(Settings(max_tokens=5))  # not a model setting
+    assert host.needs_load(Settings(preset="other"))
+
+
+async def test_host_load_failure_keeps_message():
+    def loader(s):
+        raise ModelLoadError("no such folder: /nope")
+
+    host = EngineHost(loader=loader)
+    done = []
+    await host.load(Settings(target="/nope"), on_done=done.append)
+    assert host.state == "error" and "no such folder" in host.error
+    assert not done[0].ok and "no such folder" in done[0].message
+
+
+async def test_host_unexpected_error_and_oom_hint():
+    def loader(s):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")
+
+    host = EngineHost(loader=loader)
+    done = []
+    await host.load(Settings(), on_done=done.append)
+    assert host.state == "error" and "smaller or GPTQ" in done[0].message
+
+
+async def test_burst_of_model_changes_loads_latest_once_more():
+    release = threading.Event()
+    loaded = []
+
+    def loader(s):
+        release.wait(5)
+        loaded.append(s.preset)
+        return FakeEngine()
+
+    host = EngineHost(loader=loader)
+    first = asyncio.ensure_future(host.load(Settings(preset="a")))
+    await settle()
+    for p in "bcd":
+        await host.load(Settings(preset=p))  # returns at once: a load is running
+    release.set()
+    await asyncio.wait_for(first, 5)
+    assert loaded == ["a", "d"] and host.state == "ready"
+
+
+def test_settings_dataclass_replace_keeps_frozen():
+    s = dataclasses.replace(Settings(), max_tokens=3)
+    assert s.max_tokens == 3

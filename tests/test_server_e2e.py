@@ -1,0 +1,315 @@
+"""End to end over a real stdio subprocess, the embedded model pair, pytest-lsp as the client.
+
+One server for the module (loading the models is the slow part); each test opens its own
+document so they do not depend on each other's order beyond "the models are loaded".
+"""
+
+import asyncio
+import pathlib
+import sys
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcRequestCancelled
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+STATS_FIELDS = {
+    "requests", "answered", "cancelled", "superseded", "typing_through_hits",
+    "cache_reused_tokens", "prefill_tokens", "acceptance_rate", "tokens_per_target_forward",
+    "latency_ms_p50", "latency_ms_p95", "draft", "target", "device", "state",
+}
+PY = """import os
+import sys
+
+
+def read_lines(path):
+    with open(path) as f:
+        return f.readlines()
+
+
+def main():
+    for name in sys.argv[1:]:
+        lines = read_lines(name)
+        print(len(lines))
+
+
+"""
+
+
+def inline_capable(caps: types.ClientCapabilities) -> types.ClientCapabilities:
+    """VS Code's recorded capabilities predate LSP 3.18: add what VS Code ≥ 1.85 sends."""
+    caps.text_document.inline_completion = types.InlineCompletionClientCapabilities()
+    return caps
+
+
+@pytest_lsp.fixture(
+    scope="module",
+    config=ClientServerConfig(server_command=[
+        sys.executable, "-m", "codespec_lsp.cli", "serve", "--preset", "tiny", "--device", "cpu",
+    ]),
+)
+async def client(lsp_client: LanguageClient):
+    result = await lsp_client.initialize_session(types.InitializeParams(
+        capabilities=inline_capable(client_capabilities("visual_studio_code")),
+        initialization_options={"debounceMs": 0, "maxTokens": 24},
+    ))
+    lsp_client.init_result = result
+    await wait_ready(lsp_client)
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def stats(client) -> dict:
+    # pygls gives custom results to the client as namedtuples.
+    return (await client.protocol.send_request_async("codespec/stats", None))._asdict()
+
+
+async def counters(client) -> dict:
+    return (await client.protocol.send_request_async("codespec/counters", None))._asdict()
+
+
+async def wait_ready(client, limit_s: float = 240) -> dict:
+    for _ in range(int(limit_s / 0.25)):
+        st = await stats(client)
+        if st["state"] != "loading":
+            return st
+        await asyncio.sleep(0.25)
+    raise AssertionError("models did not load")
+
+
+def open_doc(client, name: str, text: str) -> str:
+    uri = f"file:///tmp/codespec-e2e/{name}"
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+    return uri
+
+
+def insert(client, uri: str, version: int, line: int, char: int, text: str) -> None:
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(start=types.Position(line=line, character=char),
+                              end=types.Position(line=line, character=char)),
+            text=text)]))
+
+
+def inline(client, uri: str, line: int, char: int, msg_id=None):
+    params = types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        position=types.Position(line=line, character=char),
+        context=types.InlineCompletionContext(
+            trigger_kind=types.InlineCompletionTriggerKind.Automatic))
+    return client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params,
+                                              msg_id=msg_id)
+
+
+async def test_initialize_advertises_inline_completion(client: LanguageClient):
+    caps = client.init_result.capabilities
+    assert caps.inline_completion_provider is not None
+    assert caps.position_encoding == types.PositionEncodingKind.Utf16
+    assert caps.text_document_sync.change == types.TextDocumentSyncKind.Incremental
+    assert "codespec.didAcceptCompletion" in caps.execute_command_provider.commands
+    # An editor with inline completion is not also offered the popup fallback.
+    assert caps.completion_provider is None
+
+
+async def test_models_loaded_with_progress(client: LanguageClient):
+    st = await stats(client)
+    assert st["state"] == "ready" and "tiny" in st["target"] and st["device"] == "cpu"
+    kinds = [type(v).__name__ for reports in client.progress_reports.values() for v in reports]
+    assert kinds[0] == "WorkDoneProgressBegin" and kinds[-1] == "WorkDoneProgressEnd"
+
+
+async def test_open_type_and_complete(client: LanguageClient):
+    text = PY + "def count_words(text):\n    "
+    uri = open_doc(client, "a.py", PY)
+    insert(client, uri, 2, PY.count("\n"), 0, "def count_words(text):\n    ")
+    line = text.count("\n")
+    res = await inline(client, uri, line, 4)
+    assert len(res.items) == 1
+    item = res.items[0]
+    assert item.insert_text.strip()
+    assert item.range.start == types.Position(line=line, character=4) == item.range.end
+    assert item.command.command == "codespec.didAcceptCompletion"
+    st = await stats(client)
+    assert st["answered"] >= 1 and st["prefill_tokens"] > 0
+
+
+async def test_typing_through_answers_from_memory(client: LanguageClient):
+    uri = open_doc(client, "b.py", PY + "def parse(path):\n    ")
+    line = (PY + "def parse(path):\n    ").count("\n")
+    first = (await inline(client, uri, line, 4)).items
+    assert first, "the model had nothing to say here"
+    suggestion = first[0].insert_text
+    before = await stats(client)
+    insert(client, uri, 2, line, 4, suggestion[0])
+    rest = (await inline(client, uri, line, 5)).items
+    after = await stats(client)
+    assert rest and rest[0].insert_text == suggestion[1:]
+    assert after["typing_through_hits"] == before["typing_through_hits"] + 1
+    assert after["prefill_tokens"] == before["prefill_tokens"]  # no model call at all
+
+
+async def test_supersede_by_typing(client: LanguageClient):
+    base = PY + "def total(values):\n    "
+    uri = open_doc(client, "c.py", base)
+    line = base.count("\n")
+    before = await stats(client)
+    older = inline(client, uri, line, 4)
+    insert(client, uri, 2, line, 4, "r")
+    newer = inline(client, uri, line, 5)
+    old_res, new_res = await asyncio.gather(older, newer)
+    after = await stats(client)
+    # The older request, still generating when the newer came, answered empty; the newer one
+    # was answered normally.
+    assert not old_res.items
+    assert after["superseded"] == before["superseded"] + 1
+    assert after["answered"] == before["answered"] + 1
+    assert isinstance(new_res, types.InlineCompletionList)
+
+
+async def test_cancel_request_stops_engine_work(client: LanguageClient):
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"codespec": {"maxTokens": 400, "debounceMs": 0}}))
+    uri = open_doc(client, "d.py", PY + "class Parser:\n    ")
+    line = (PY + "class Parser:\n    ").count("\n")
+    before, c0 = await stats(client), await counters(client)
+    fut = inline(client, uri, line, 4, msg_id="cancel-me")
+    await asyncio.sleep(0.3)
+    client.cancel_request(types.CancelParams(id="cancel-me"))
+    try:
+        await fut
+        cancelled = False  # finished before the cancel arrived: allowed, but must be counted
+    except JsonRpcRequestCancelled:
+        cancelled = True
+    after, c1 = await stats(client), await counters(client)
+    if cancelled:
+        assert after["cancelled"] == before["cancelled"] + 1
+        # The engine stopped within a forward of the cancel, far short of 400 tokens' worth.
+        assert c1["wasted_target_forwards"] > c0["wasted_target_forwards"] or \
+            c1["target_forwards"] == c0["target_forwards"]
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"codespec": {"maxTokens": 24, "debounceMs": 0}}))
+    # And the server goes on answering.
+    assert isinstance(await inline(client, uri, line, 4), types.InlineCompletionList)
+
+
+async def test_fallback_completion(client: LanguageClient):
+    text = PY + "def helper(items):\n    return sor"
+    uri = open_doc(client, "e.py", text)
+    line = text.count("\n")
+    res = await client.text_document_completion_async(types.CompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        position=types.Position(line=line, character=14)))
+    assert isinstance(res, types.CompletionList) and res.is_incomplete
+    assert len(res.items) <= 1
+    if res.items:
+        item = res.items[0]
+        # The item replaces the word before the cursor, so the client's filter keeps it.
+        assert item.text_edit.range.start.character == 11
+        assert item.text_edit.new_text.startswith("sor") and item.filter_text.startswith("sor")
+
+
+async def test_configuration_change_disables_and_enables(client: LanguageClient):
+    uri = open_doc(client, "f.py", PY + "def run():\n    ")
+    line = (PY + "def run():\n    ").count("\n")
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"codespec": {"enable": False}}))
+    assert not (await inline(client, uri, line, 4)).items
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"codespec": {"enable": True, "maxTokens": 24, "debounceMs": 0}}))
+    assert isinstance(await inline(client, uri, line, 4), types.InlineCompletionList)
+
+
+async def test_invalid_setting_is_shown_and_ignored(client: LanguageClient):
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"codespec": {"maxTokens": "many", "debounceMs": 0}}))
+    await stats(client)  # a round trip: the notification has been handled
+    assert any("maxTokens" in m.message for m in client.messages)
+    assert (await stats(client))["state"] == "ready"
+
+
+async def test_non_ascii_positions_are_utf16(client: LanguageClient):
+    # "😀" is 2 UTF-16 units, "日本" 1 each: the cursor after `= ` is at UTF-16 column 14.
+    text = PY + "greeting = '日本😀'; x = \n"
+    uri = open_doc(client, "g.py", text)
+    line = PY.count("\n")
+    col = len("greeting = '日本") + 2 + len("'; x = ")
+    res = await inline(client, uri, line, col)
+    for item in res.items:
+        assert item.range.start == types.Position(line=line, character=col)
+    # Past the end of that line in UTF-16 units (one beyond): empty, not an error.
+    assert not (await inline(client, uri, line, col + 1)).items
+
+
+async def test_stats_fields_exactly(client: LanguageClient):
+    st = await stats(client)
+    assert set(st) == STATS_FIELDS
+    assert st["requests"] >= st["answered"] > 0
+    assert 0.0 <= st["acceptance_rate"] <= 1.0
+    assert st["latency_ms_p95"] >= st["latency_ms_p50"] >= 0
+
+
+async def test_accept_events_feed_counters(client: LanguageClient):
+    uri = open_doc(client, "h.py", PY + "def size(x):\n    return ")
+    line = (PY + "def size(x):\n    return ").count("\n")
+    res = await inline(client, uri, line, 11)
+    if not res.items:
+        pytest.skip("no suggestion at this point")
+    item = res.items[0]
+    c0 = await counters(client)
+    client.protocol.notify("codespec/didShowCompletion", {"item": client.protocol._converter
+                                                          .unstructure(item)})
+    client.protocol.notify("codespec/didPartiallyAcceptCompletion",
+                           {"id": item.command.arguments[0], "acceptedLength": 1})
+    await client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command=item.command.command, arguments=item.command.arguments))
+    c1 = await counters(client)
+    assert c1["shown"] == c0["shown"] + 1
+    assert c1["partially_accepted"] == c0["partially_accepted"] + 1
+    assert c1["accepted"] == c0["accepted"] + 1
+
+
+# -------------------------------------------------------- capability variants (fake engine)
+
+FAKE = [sys.executable, str(pathlib.Path(__file__).with_name("fake_engine.py"))]
+
+
+@pytest_lsp.fixture(scope="module", config=ClientServerConfig(server_command=FAKE))
+async def neovim(lsp_client: LanguageClient):
+    lsp_client.init_result = await lsp_client.initialize_session(types.InitializeParams(
+        capabilities=client_capabilities("neovim"),
+        initialization_options={"debounceMs": 0}))
+    await wait_ready(lsp_client)
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def test_client_without_inline_gets_completion_fallback(neovim: LanguageClient):
+    caps = neovim.init_result.capabilities
+    assert caps.completion_provider is not None and caps.inline_completion_provider is not None
+    uri = open_doc(neovim, "n.py", "x = val")
+    res = await neovim.text_document_completion_async(types.CompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        position=types.Position(line=0, character=7)))
+    assert len(res.items) == 1
+    item = res.items[0]
+    assert item.text_edit.new_text == "valvalue + 1"  # the fake engine's scripted suggestion
+    assert item.text_edit.range.start.character == 4
+
+
+async def test_position_encoding_negotiation(neovim: LanguageClient):
+    # Neovim offers utf-8/utf-16/utf-32; pygls picks the client's first preference it knows.
+    offered = neovim.capabilities.general.position_encodings
+    assert neovim.init_result.capabilities.position_encoding == offered[0]
+
+
+async def test_shutdown_and_exit_end_the_process():
+    client = await ClientServerConfig(server_command=FAKE).start()
+    await client.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities()))
+    await client.shutdown_session()
+    assert client._server.returncode == 0
+    await client.stop()
