@@ -55,7 +55,12 @@ local function wait_for(what, pred, timeout_ms)
       return v
     end
     if vim.uv.now() - t0 > (timeout_ms or spec.timeout_ms) then
-      error('timed out after ' .. (vim.uv.now() - t0) .. ' ms waiting for ' .. what)
+      local ok, st = pcall(codespec.status)
+      error(('timed out after %d ms waiting for %s; plugin state: %s'):format(
+        vim.uv.now() - t0,
+        what,
+        ok and vim.inspect(st) or '?'
+      ))
     end
     sleep(20)
   end
@@ -182,7 +187,7 @@ function cases.accept()
 
   vim.cmd('stopinsert')
   sleep(50)
-  result.after_leave = codespec.status().shown
+  result.after_leave = codespec.status().shown or vim.NIL
   vim.cmd('checkhealth codespec')
   result.health = vim.api.nvim_buf_get_lines(0, 0, -1, false)
 end

@@ -213,8 +213,8 @@ function M.restart()
   for _, client in ipairs(clients) do
     for b in pairs(client.attached_buffers) do
       bufs[#bufs + 1] = b
+      suggest.dismiss(b)
     end
-    suggest.dismiss(vim.api.nvim_get_current_buf())
     if vim.fn.has('nvim-0.11') == 1 then
       client:stop()
     else
