@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv or ["serve"])
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["serve", *argv]  # `codespec-lsp --preset tiny` is how editors start a server
+    args = parser.parse_args(argv)
     if args.command in (None, "serve"):
         from codespec_lsp.server import run_server
         return run_server(args)

@@ -9,7 +9,8 @@ Steps, all seeded, so a rerun on the same Python gives the same models up to CPU
   3. the draft, a 2-layer Llama, distilled from the target (KL to the target's distribution plus
      a little cross-entropy), so that its proposals are the ones the target accepts.
 
-    python scripts/train_tiny.py --target-steps 600 --draft-steps 400     # ~25 min on 2 cores
+    python scripts/train_tiny.py --target-steps 320 --draft-steps 160
+    python scripts/train_tiny.py --draft-only --draft-steps 160   # re-distil the draft alone
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--draft-only", action="store_true",
+                        help="keep the saved target and tokenizer, distil a new draft from them")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -159,14 +162,24 @@ def main() -> None:
     files = training_files()
     texts = read_texts(files)
     print(f"{len(texts)} files, {sum(map(len, texts)) / 1e6:.1f} MB of Python", flush=True)
-    tokenizer = train_tokenizer(texts)
+    record_path = OUT / "TRAINING.json"
+    record = json.loads(record_path.read_text()) if args.draft_only else {}
+    if args.draft_only:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(OUT / "target")
+        target = LlamaForCausalLM.from_pretrained(OUT / "target", dtype=torch.float32)
+        rng.random()  # the draft's batches differ from the target's, as in a full run
+    else:
+        tokenizer = train_tokenizer(texts)
     stream = encode_stream(texts, tokenizer)
     print(f"{len(stream) / 1e6:.2f} M tokens, {time.time() - t_start:.0f}s", flush=True)
 
-    target = LlamaForCausalLM(config_for(TARGET, tokenizer))
-    train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng), args.target_steps,
-          3e-3, label="target")
-    save(target, tokenizer, OUT / "target")
+    if not args.draft_only:
+        target = LlamaForCausalLM(config_for(TARGET, tokenizer))
+        train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng), args.target_steps,
+              3e-3, label="target")
+        save(target, tokenizer, OUT / "target")
+        record = {"target_steps": args.target_steps,
+                  "target_minutes": round((time.time() - t_start) / 60, 1)}
 
     draft = LlamaForCausalLM(config_for(DRAFT, tokenizer))
     target.requires_grad_(False)
@@ -174,14 +187,15 @@ def main() -> None:
           4e-3, teacher=target, label="draft")
     save(draft, tokenizer, OUT / "draft")
 
-    (OUT / "TRAINING.json").write_text(json.dumps({
+    record.update({
         "data": "CPython standard library .py files (PSF licence), tests and held-out modules excluded",
         "python": sysconfig.get_python_version(),
         "files": len(texts), "tokens": len(stream),
-        "target_steps": args.target_steps, "draft_steps": args.draft_steps,
-        "batch": args.batch, "seq": SEQ, "seed": args.seed,
-        "minutes": round((time.time() - t_start) / 60, 1),
-    }, indent=2) + "\n")
+        "draft_steps": args.draft_steps, "batch": args.batch, "seq": SEQ, "seed": args.seed,
+        "draft_minutes": round((time.time() - t_start) / 60, 1) - record.get("target_minutes", 0),
+        "threads": args.threads,
+    })
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"done in {(time.time() - t_start) / 60:.1f} min", flush=True)
 
 
