@@ -70,6 +70,44 @@ class Debouncer:
                 del self._waiters[key]
 
 
+class Rhythm:
+    """Adapts the debounce to the typing rhythm.
+
+    When keystrokes come faster than debounce + generation, a generation started between two
+    of them is cancelled before anyone sees it: pure waste on a shared accelerator. Then the
+    debounce stretches to 1.5x the typical gap (at most +MAX_EXTRA_S), so the model runs at
+    the pauses instead; typing-through still answers every keystroke in between. A slow typer,
+    or a fast model, keeps the configured debounce.
+    """
+
+    PAUSE_S = 1.0       # a longer gap is a pause, not part of the rhythm
+    MAX_EXTRA_S = 0.2
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+        self._gaps: deque = deque(maxlen=8)
+        self.generation_s: float | None = None  # EMA of finished generations' wall time
+
+    def keystroke(self, now: float) -> None:
+        if self._last is not None and now - self._last < self.PAUSE_S:
+            self._gaps.append(now - self._last)
+        self._last = now
+
+    def generated(self, wall_s: float) -> None:
+        g = self.generation_s
+        self.generation_s = wall_s if g is None else 0.7 * g + 0.3 * wall_s
+
+    def debounce(self, base_s: float) -> float:
+        if len(self._gaps) < 3:
+            return base_s
+        typical = sorted(self._gaps)[len(self._gaps) // 2]
+        # Unknown generation time counts as slow: it is learnt at the first pause.
+        gen = self.generation_s if self.generation_s is not None else float("inf")
+        if typical >= base_s + gen:
+            return base_s
+        return min(max(base_s, typical * 1.5), base_s + self.MAX_EXTRA_S)
+
+
 # ---------------------------------------------------------------- typing-through cache
 
 
@@ -328,6 +366,7 @@ class Scheduler:
         self.stats = Stats()
         self.cache = CompletionCache()
         self.debouncer = Debouncer(sleep)
+        self.rhythm = Rhythm()
         self._clock = clock
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "codespec-engine")
         self._jobs: dict[str, _Job] = {}
@@ -356,6 +395,7 @@ class Scheduler:
     async def complete(self, req: CompletionRequest) -> Outcome:
         t0 = self._clock()
         self.stats.requests += 1
+        self.rhythm.keystroke(t0)
         outcome = await self._complete(req)
         if outcome.status == "superseded":
             self.stats.superseded += 1
@@ -382,7 +422,8 @@ class Scheduler:
         self._supersede(req.key)
         job = self._jobs[req.key] = _Job()
         try:
-            if not await self.debouncer.wait(req.key, settings.debounce_ms / 1000):
+            delay = self.rhythm.debounce(settings.debounce_ms / 1000)
+            if not await self.debouncer.wait(req.key, delay):
                 return self._abandon(job, "superseded")
             if job.superseded.is_set():
                 return self._abandon(job, "superseded")
@@ -411,6 +452,7 @@ class Scheduler:
                 del self._jobs[req.key]
         if result is None or result.cancelled:
             return Outcome(None, "superseded", result=result)
+        self.rhythm.generated(result.wall_s)
         self.cache.put(req.key, req.source, req.offset, text or "")
         return Outcome(text, "answered", result=result)
 
@@ -431,9 +473,12 @@ class Scheduler:
         if result is None:
             return
         s = self.stats
-        s.target_forwards += result.target_forwards
+        # The engine counts decode forwards; a prefill (one or more chunks) is target work too,
+        # and the most expensive part of a cancelled request: count it as at least one forward.
+        forwards = result.target_forwards + (1 if result.prefill_tokens > 1 else 0)
+        s.target_forwards += forwards
         if job.abandoned or result.cancelled:
-            s.wasted_target_forwards += result.target_forwards
+            s.wasted_target_forwards += forwards
         s.prefill_tokens += result.prefill_tokens
         s.cache_reused_tokens += result.reused_tokens
         s.proposed += result.proposed

@@ -126,8 +126,9 @@ class CodespecServer(LanguageServer):
                 error.__cause__, json.JSONDecodeError):
             # JSON-RPC: an unparseable message is answered with a parse error and id null.
             log.warning("message is not JSON: %s", error)
-            self.protocol._send_response(None, error=types.ResponseError(
-                code=types.ErrorCodes.ParseError, message=f"parse error: {error}"))
+            # Sent as a plain dict: lsprotocol's converter would drop the null id.
+            self.protocol._send_data({"jsonrpc": "2.0", "id": None, "error": {
+                "code": int(types.ErrorCodes.ParseError), "message": f"parse error: {error}"}})
             return
         super().report_server_error(error, source)
 

@@ -74,7 +74,7 @@ class FakeEngine:
         self.prompts.append(prompt)
         pieces = _PIECE.findall(self.script(prompt))[:max_new_tokens]
         res = GenerationResult(text="", tokens=[], stop_reason="max_tokens", cancelled=False,
-                               prefill_tokens=self.count_tokens(prompt), target_forwards=1)
+                               prefill_tokens=self.count_tokens(prompt))
         out: list[str] = []
         self.started.set()
         while len(out) < len(pieces):

@@ -11,6 +11,7 @@ from codespec_lsp.scheduler import (
     CompletionRequest,
     Debouncer,
     EngineHost,
+    Rhythm,
     Scheduler,
     split_line,
 )
@@ -51,8 +52,9 @@ def make(engine=None, clock=None, **settings):
     host = EngineHost(loader=lambda s: engine)
     host.engine, host.state = engine, "ready" if engine else "loading"
     cfg = Settings(debounce_ms=settings.pop("debounce_ms", 0), **settings)
-    sched = Scheduler(host, lambda: cfg, sleep=clock.sleep if clock else asyncio.sleep)
-    return sched
+    if clock is None:
+        return Scheduler(host, lambda: cfg)
+    return Scheduler(host, lambda: cfg, sleep=clock.sleep, clock=lambda: clock.now)
 
 
 def req(source, offset=None, key="file:///a.py"):
@@ -91,12 +93,80 @@ async def test_debounce_is_keyed():
     d = Debouncer(clock.sleep)
     a = asyncio.ensure_future(d.wait("a", 0.1))
     b = asyncio.ensure_future(d.wait("b", 0.1))
-    clock_task = asyncio.sleep(0)
-    await clock_task
     await settle()
     clock.advance(0.2)
     await settle()
     assert a.result() is True and b.result() is True
+
+
+# ------------------------------------------------------------ rhythm
+
+
+def _typed(rhythm: Rhythm, gaps):
+    t = 0.0
+    rhythm.keystroke(t)
+    for g in gaps:
+        t += g
+        rhythm.keystroke(t)
+
+
+def test_rhythm_keeps_base_until_it_knows_the_rhythm():
+    r = Rhythm()
+    _typed(r, [0.1, 0.1])
+    assert r.debounce(0.06) == 0.06
+
+
+def test_fast_typing_with_unknown_or_slow_model_waits_for_a_pause():
+    r = Rhythm()
+    _typed(r, [0.1] * 5)
+    assert r.debounce(0.06) == pytest.approx(0.15)
+    r.generated(0.3)
+    assert r.debounce(0.06) == pytest.approx(0.15)
+
+
+def test_fast_model_keeps_base_debounce():
+    r = Rhythm()
+    _typed(r, [0.1] * 5)
+    r.generated(0.02)
+    assert r.debounce(0.06) == 0.06
+
+
+def test_slow_typing_is_capped_and_pauses_ignored():
+    r = Rhythm()
+    _typed(r, [0.5, 5.0, 0.5, 30.0, 0.5])
+    assert len(r._gaps) == 3
+    r.generated(1.0)
+    assert r.debounce(0.06) == pytest.approx(0.06 + Rhythm.MAX_EXTRA_S)
+
+
+class SlowFake(FakeEngine):
+    """Reports generations slower than the typing gap (without really taking that long)."""
+
+    def generate(self, *a, **k):
+        res = super().generate(*a, **k)
+        res.wall_s = 0.5
+        return res
+
+
+async def test_steady_fast_typing_spends_no_forwards_between_keystrokes():
+    clock = FakeClock()
+    eng = SlowFake()
+    s = make(eng, clock, debounce_ms=60)
+    tasks, text = [], "x = "
+    for ch in "abcdefghijkl":
+        text += ch
+        tasks.append(asyncio.ensure_future(s.complete(req(text))))
+        await settle()
+        clock.advance(0.1)
+        await settle()
+        await asyncio.sleep(0.01)  # let a started generation finish on the worker
+    clock.advance(1.0)
+    outs = await asyncio.gather(*tasks)
+    assert outs[-1].status == "answered"  # the pause at the end is answered
+    # Before the rhythm is known (3 gaps) the base debounce lets a few through; after that the
+    # stretched debounce keeps the engine idle until the pause.
+    assert eng.calls <= 4
+    assert sum(o.status == "superseded" for o in outs) >= len(outs) - 4
 
 
 # ------------------------------------------------------------ cache
@@ -206,10 +276,11 @@ async def test_newer_request_supersedes_generating_one():
     await settle()
     st = s.stats
     assert st.superseded == 1 and eng.calls == 2
-    # The cancelled generation stopped within one forward of the cancel.
-    first_forwards = st.wasted_target_forwards
-    assert 1 <= first_forwards <= 2
-    assert st.target_forwards == first_forwards + out2.result.target_forwards
+    # The cancelled generation stopped within one forward of the cancel: its prefill plus at
+    # most the forward that was running when the cancel came.
+    assert 1 <= st.wasted_target_forwards <= 2
+    prefill = 1
+    assert st.target_forwards - st.wasted_target_forwards == out2.result.target_forwards + prefill
 
 
 async def test_supersede_during_debounce_never_calls_engine():

@@ -1,0 +1,265 @@
+"""`codespec-lsp bench server`: the real server over stdio, driven the way an editor drives it.
+
+Replays typing of Python files one character per keystroke at a fixed interval, with one
+inline-completion request per keystroke, cancelling the previous request if it is still pending
+(as VS Code does). Writes JSON with exactly:
+  keystrokes, answered, cancelled, superseded, typing_through_hits, latency_ms_p50,
+  latency_ms_p95, wasted_forward_share, rss_mb_start, rss_mb_end, last_keystroke_answered
+
+- answered/cancelled/superseded/typing_through_hits: the server's own counts (codespec/stats).
+- latency: client side, send → answer, over requests answered before the next keystroke
+  cancelled them, plus the last one; what the user could have seen.
+- wasted_forward_share: target forwards of generations whose answer nobody saw, over all.
+- rss: the server process, after the models loaded and at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.client import LanguageClient
+
+DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus"
+CONTEXT_SHARE = 0.4  # each file starts with this much already written; the rest is typed
+LAST_ANSWER_TIMEOUT_S = 120.0
+KEYSTROKES_PER_FILE = 600
+
+
+@dataclass
+class _Doc:
+    uri: str
+    lines: list[str]     # the document as typed so far, split on "\n"
+    rest: str            # still to type
+    version: int = 1
+    line: int = 0
+    col: int = 0         # code points
+
+    def utf16_col(self) -> int:
+        return len(self.lines[self.line][:self.col].encode("utf-16-le")) // 2
+
+
+@dataclass
+class _Tally:
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 2)
+
+
+def _documents(corpus: Path | None) -> list[tuple[str, str]]:
+    root = Path(corpus) if corpus else DEFAULT_CORPUS
+    files = sorted(p for p in root.rglob("*.py") if p.is_file())
+    if not files:
+        raise SystemExit(f"codespec-lsp bench server: no .py files under {root}")
+    return [(p.resolve().as_uri(), p.read_text(encoding="utf-8", errors="replace")) for p in files]
+
+
+def _start_doc(uri: str, text: str) -> _Doc:
+    cut = text.rfind("\n", 0, int(len(text) * CONTEXT_SHARE)) + 1
+    typed = text[:cut]
+    lines = typed.split("\n")
+    return _Doc(uri, lines, text[cut:], line=len(lines) - 1, col=len(lines[-1]))
+
+
+def _server_command(args: Any) -> list[str]:
+    cmd = [sys.executable, "-m", "codespec_lsp.cli", "serve"]
+    for flag in ("preset", "draft", "target", "device", "dtype"):
+        value = getattr(args, flag, None)
+        if value:
+            cmd += [f"--{flag}", str(value)]
+    for flag in ("allow_download", "trust_remote_code"):
+        if getattr(args, flag, False):
+            cmd.append("--" + flag.replace("_", "-"))
+    return cmd
+
+
+class _Client(LanguageClient):
+    def __init__(self) -> None:
+        super().__init__("codespec-bench", "1")
+        self.messages: list[str] = []
+
+        @self.feature(types.WINDOW_WORK_DONE_PROGRESS_CREATE)
+        def _create(params: types.WorkDoneProgressCreateParams) -> None:
+            return None
+
+        @self.feature(types.PROGRESS)
+        def _progress(params: Any) -> None:
+            return None
+
+        @self.feature(types.WINDOW_SHOW_MESSAGE)
+        def _show(params: types.ShowMessageParams) -> None:
+            self.messages.append(params.message)
+
+        @self.feature(types.WINDOW_LOG_MESSAGE)
+        def _log(params: types.LogMessageParams) -> None:
+            return None
+
+
+async def _request(client: _Client, method: str) -> dict:
+    return (await client.protocol.send_request_async(method, None))._asdict()
+
+
+async def _drain(stream) -> None:
+    # The server logs to stderr; an unread pipe would block it once the buffer fills.
+    while stream is not None and await stream.read(65536):
+        pass
+
+
+async def _wait_loaded(client: _Client, limit_s: float = 900) -> dict:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        st = await _request(client, "codespec/stats")
+        if st["state"] == "ready":
+            return st
+        if st["state"] == "error":
+            raise SystemExit("codespec-lsp bench server: models failed to load: "
+                             + "; ".join(client.messages))
+        await asyncio.sleep(0.2)
+    raise SystemExit("codespec-lsp bench server: models did not load in time")
+
+
+def _type_one(client: _Client, doc: _Doc) -> None:
+    ch, doc.rest = doc.rest[0], doc.rest[1:]
+    at = types.Position(line=doc.line, character=doc.utf16_col())
+    doc.version += 1
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=doc.uri, version=doc.version),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(start=at, end=at), text=ch)]))
+    line = doc.lines[doc.line]
+    if ch == "\n":
+        doc.lines[doc.line:doc.line + 1] = [line[:doc.col], line[doc.col:]]
+        doc.line, doc.col = doc.line + 1, 0
+    else:
+        doc.lines[doc.line] = line[:doc.col] + ch + line[doc.col:]
+        doc.col += 1
+
+
+async def replay(client: _Client, keystrokes: int, interval_s: float,
+                 corpus: Path | None) -> tuple[_Tally, bool]:
+    # A few files, as in a real session: each file the user works in holds a KV prefix entry,
+    # and switching among dozens of files would measure the cache bound, not the server.
+    sources = _documents(corpus)
+    sources = sources[:max(1, min(len(sources), keystrokes // KEYSTROKES_PER_FILE))]
+    per_file = max(1, -(-keystrokes // len(sources)))
+    tally = _Tally()
+    pending: tuple[str, asyncio.Future, float] | None = None
+    seen_by_user: set[str] = set()
+    start = time.perf_counter()
+    doc: _Doc | None = None
+    typed_in_doc = 0
+    k = 0
+    src_iter = iter(sources * (1 + keystrokes // max(per_file, 1)))
+    while k < keystrokes:
+        if doc is None or typed_in_doc >= per_file or not doc.rest:
+            uri, text = next(src_iter)
+            doc, typed_in_doc = _start_doc(f"{uri}#{k}", text), 0
+            client.text_document_did_open(types.DidOpenTextDocumentParams(
+                text_document=types.TextDocumentItem(uri=doc.uri, language_id="python",
+                                                     version=1, text="\n".join(doc.lines))))
+            if not doc.rest:
+                continue
+        await asyncio.sleep(max(0.0, start + k * interval_s - time.perf_counter()))
+        if pending is not None and not pending[1].done():
+            seen_by_user.discard(pending[0])
+            client.cancel_request(types.CancelParams(id=pending[0]))
+        _type_one(client, doc)
+        typed_in_doc += 1
+        msg_id = f"k{k}"
+        params = types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=doc.uri),
+            position=types.Position(line=doc.line, character=doc.utf16_col()),
+            context=types.InlineCompletionContext(
+                trigger_kind=types.InlineCompletionTriggerKind.Automatic))
+        fut = client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params,
+                                                 msg_id=msg_id)
+        sent = time.perf_counter()
+        seen_by_user.add(msg_id)
+
+        def done(f: asyncio.Future, msg_id: str = msg_id, sent: float = sent) -> None:
+            # Retrieve the error of a cancelled request, or asyncio warns about it at exit.
+            failed = f.cancelled() or f.exception() is not None
+            if msg_id in seen_by_user and not failed:
+                tally.latencies_ms.append((time.perf_counter() - sent) * 1000)
+
+        fut.add_done_callback(done)
+        pending = (msg_id, fut, sent)
+        k += 1
+    last_ok = False
+    if pending is not None:
+        try:
+            result = await asyncio.wait_for(asyncio.shield(pending[1]), LAST_ANSWER_TIMEOUT_S)
+            last_ok = isinstance(result, types.InlineCompletionList) or result is None
+        except Exception:
+            last_ok = False
+    return tally, last_ok
+
+
+async def run_bench(args: Any) -> dict:
+    import psutil
+
+    client = _Client()
+    await client.start_io(*_server_command(args))
+    drain = asyncio.ensure_future(_drain(client._server.stderr))
+    try:
+        caps = types.ClientCapabilities(
+            text_document=types.TextDocumentClientCapabilities(
+                inline_completion=types.InlineCompletionClientCapabilities()),
+            window=types.WindowClientCapabilities(work_done_progress=True))
+        await client.initialize_async(types.InitializeParams(capabilities=caps))
+        client.initialized(types.InitializedParams())
+        await _wait_loaded(client)
+        proc = psutil.Process(client._server.pid)
+        rss_start = proc.memory_info().rss / 2**20
+        s0 = await _request(client, "codespec/stats")
+        c0 = await _request(client, "codespec/counters")
+        tally, last_ok = await replay(client, args.keystrokes, args.interval_ms / 1000,
+                                      getattr(args, "corpus", None))
+        await asyncio.sleep(0.5)  # let cancelled generations finish so their forwards count
+        s1 = await _request(client, "codespec/stats")
+        c1 = await _request(client, "codespec/counters")
+        rss_end = proc.memory_info().rss / 2**20
+        await client.shutdown_async(None)
+        client.exit(None)
+    finally:
+        try:
+            await asyncio.wait_for(client.stop(), 10)
+        except Exception:
+            if client._server is not None and client._server.returncode is None:
+                client._server.kill()
+        drain.cancel()
+    forwards = c1["target_forwards"] - c0["target_forwards"]
+    wasted = c1["wasted_target_forwards"] - c0["wasted_target_forwards"]
+    return {
+        "keystrokes": args.keystrokes,
+        "answered": s1["answered"] - s0["answered"],
+        "cancelled": s1["cancelled"] - s0["cancelled"],
+        "superseded": s1["superseded"] - s0["superseded"],
+        "typing_through_hits": s1["typing_through_hits"] - s0["typing_through_hits"],
+        "latency_ms_p50": _percentile(tally.latencies_ms, 0.5),
+        "latency_ms_p95": _percentile(tally.latencies_ms, 0.95),
+        "wasted_forward_share": round(wasted / forwards, 4) if forwards else 0.0,
+        "rss_mb_start": round(rss_start, 1),
+        "rss_mb_end": round(rss_end, 1),
+        "last_keystroke_answered": last_ok,
+    }
+
+
+def run_server_bench(args: Any) -> int:
+    result = asyncio.run(run_bench(args))
+    text = json.dumps(result, indent=2)
+    if getattr(args, "json_path", None):
+        Path(args.json_path).write_text(text + "\n")
+    print(text)
+    return 0
