@@ -387,9 +387,10 @@ def _setup_logging(log_file: str | None) -> None:
     logging.getLogger("pygls").setLevel(logging.WARNING)
 
 
-def run_server(args: Any) -> int:
+def run_server(args: Any, loader=default_loader) -> int:
+    """Serve on stdio, or on --tcp/--ws at --host (127.0.0.1 unless told otherwise)."""
     _setup_logging(getattr(args, "log_file", None))
-    server = build_server(args)
+    server = build_server(args, loader)
     if getattr(args, "tcp", False):
         server.start_tcp(args.host, args.port)
     elif getattr(args, "ws", False):

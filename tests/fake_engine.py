@@ -107,9 +107,10 @@ class FakeEngine:
 
 
 def main() -> int:
-    """Serve LSP on stdio with a FakeEngine (FAKE_FORWARD_S slows each simulated forward)."""
-    from codespec_lsp.server import build_server
+    """Serve LSP with a FakeEngine, same flags as `codespec-lsp serve` (stdio unless --tcp/--ws);
+    FAKE_FORWARD_S slows each simulated forward, FAKE_LOAD_S the load."""
     from codespec_lsp.cli import build_parser
+    from codespec_lsp.server import run_server
 
     args = build_parser().parse_args(["serve", *sys.argv[1:]])
     forward_s = float(os.environ.get("FAKE_FORWARD_S", "0"))
@@ -122,9 +123,7 @@ def main() -> int:
             raise ModelLoadError("fake: the target folder 'broken' has no weights")
         return FakeEngine(forward_s=forward_s)
 
-    server = build_server(args, loader=loader)
-    server.start_io()
-    return 0
+    return run_server(args, loader=loader)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,19 @@ document so they do not depend on each other's order beyond "the models are load
 """
 
 import asyncio
+import importlib.util
+import os
 import pathlib
+import socket
+import subprocess
 import sys
 
 import pytest
+import psutil
 import pytest_lsp
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcRequestCancelled
+from pygls.lsp.client import LanguageClient as PyglsClient
+from pygls.exceptions import JsonRpcRequestCancelled
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -313,3 +319,104 @@ async def test_shutdown_and_exit_end_the_process():
     await client.shutdown_session()
     assert client._server.returncode == 0
     await client.stop()
+
+
+async def test_no_arguments_speaks_lsp_on_stdio():
+    client = await ClientServerConfig(
+        server_command=[sys.executable, "-m", "codespec_lsp.cli"]).start()
+    result = await client.initialize_session(types.InitializeParams(
+        capabilities=types.ClientCapabilities()))
+    assert result.server_info.name == "codespec-lsp"
+    # Shutting down while the models may still be loading must not hang.
+    await client.shutdown_session()
+    assert client._server.returncode == 0
+    await client.stop()
+
+
+async def test_requests_while_loading_answer_empty_at_once():
+    client = await ClientServerConfig(server_command=FAKE, server_env={
+        **os.environ, "FAKE_LOAD_S": "30"}).start()
+    await client.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities(
+        window=types.WindowClientCapabilities(work_done_progress=True))))
+    uri = open_doc(client, "l.py", "x = ")
+    res = await asyncio.wait_for(inline(client, uri, 0, 4), 5)  # no hang behind the load
+    assert not res.items
+    assert (await stats(client))["state"] == "loading"
+    await client.shutdown_session()  # while the (fake) load still runs
+    assert client._server.returncode == 0
+    await client.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_tcp_listens_on_localhost_by_default():
+    port = _free_port()
+    proc = subprocess.Popen(FAKE + ["--tcp", "--port", str(port)], stderr=subprocess.DEVNULL)
+    try:
+        client = PyglsClient("t", "1")
+        for _ in range(100):
+            try:
+                await client.start_tcp("127.0.0.1", port)
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        result = await client.initialize_async(types.InitializeParams(
+            capabilities=types.ClientCapabilities()))
+        assert result.capabilities.inline_completion_provider is not None
+        listening = [c.laddr for c in psutil.Process(proc.pid).net_connections()
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and all(addr.ip == "127.0.0.1" for addr in listening)
+        await client.shutdown_async(None)
+        client.exit(None)
+        await client.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_ws_transport_or_a_clear_error():
+    if importlib.util.find_spec("websockets") is not None:
+        pytest.skip("websockets installed: --ws serves (pygls' own transport)")
+    out = await asyncio.to_thread(subprocess.run, FAKE + ["--ws", "--port", str(_free_port())],
+                                  capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "websockets" in out.stderr
+
+
+async def test_model_change_reloads_in_background():
+    client = await ClientServerConfig(server_command=FAKE).start()
+    await client.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities(
+        window=types.WindowClientCapabilities(work_done_progress=True))))
+    assert (await wait_ready(client))["state"] == "ready"
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"codespec": {"target": "broken"}}))
+    st = await wait_state_not(client, "ready")
+    st = await wait_state_not(client, "loading")
+    assert st["state"] == "error"
+    assert any("broken" in m.message and m.type == types.MessageType.Error
+               for m in client.messages)
+    uri = open_doc(client, "r.py", "x = ")
+    assert not (await inline(client, uri, 0, 4)).items  # still serving, empty
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"codespec": {"target": None}}))
+    assert (await wait_state_not(client, "error"))["state"] in ("loading", "ready")
+    assert (await wait_ready(client))["state"] == "ready"
+    assert (await inline(client, uri, 0, 4)).items
+    # One begin/end pair per load: start, broken, back again.
+    begins = [v for r in client.progress_reports.values() for v in r
+              if isinstance(v, types.WorkDoneProgressBegin)]
+    assert len(begins) == 3
+    await client.shutdown_session()
+    await client.stop()
+
+
+async def wait_state_not(client, state: str, limit_s: float = 30) -> dict:
+    for _ in range(int(limit_s / 0.05)):
+        st = await stats(client)
+        if st["state"] != state:
+            return st
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"still {state}")
