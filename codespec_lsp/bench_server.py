@@ -74,10 +74,10 @@ def _start_doc(uri: str, text: str) -> _Doc:
 
 def _server_command(args: Any) -> list[str]:
     cmd = [sys.executable, "-m", "codespec_lsp.cli", "serve"]
-    for flag in ("preset", "draft", "target", "device", "dtype"):
+    for flag in ("preset", "draft", "target", "device", "dtype", "debounce_ms", "max_tokens"):
         value = getattr(args, flag, None)
-        if value:
-            cmd += [f"--{flag}", str(value)]
+        if value is not None and value != "":
+            cmd += ["--" + flag.replace("_", "-"), str(value)]
     for flag in ("allow_download", "trust_remote_code"):
         if getattr(args, flag, False):
             cmd.append("--" + flag.replace("_", "-"))
@@ -206,11 +206,12 @@ async def replay(client: _Client, keystrokes: int, interval_s: float,
     return tally, last_ok
 
 
-async def run_bench(args: Any) -> dict:
+async def run_bench(args: Any, server_command: list[str] | None = None) -> dict:
+    """`server_command` replaces `codespec-lsp serve` (tests drive a fake-engine server)."""
     import psutil
 
     client = _Client()
-    await client.start_io(*_server_command(args))
+    await client.start_io(*(server_command or _server_command(args)))
     drain = asyncio.ensure_future(_drain(client._server.stderr))
     try:
         caps = types.ClientCapabilities(

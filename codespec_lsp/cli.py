@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--corpus", default=None)
     bs.add_argument("--interval-ms", type=int, default=100)
     bs.add_argument("--keystrokes", type=int, default=2000)
+    bs.add_argument("--debounce-ms", type=int, default=None, help="server debounce (default: its own)")
+    bs.add_argument("--max-tokens", type=int, default=None, help="server max tokens (default: its own)")
     bs.add_argument("--json", dest="json_path", default=None)
 
     doctor = sub.add_parser("doctor", help="will this draft/target pair fit and speed up?")

@@ -420,3 +420,27 @@ async def wait_state_not(client, state: str, limit_s: float = 30) -> dict:
             return st
         await asyncio.sleep(0.05)
     raise AssertionError(f"still {state}")
+
+
+BENCH_FIELDS = {
+    "keystrokes", "answered", "cancelled", "superseded", "typing_through_hits",
+    "latency_ms_p50", "latency_ms_p95", "wasted_forward_share", "rss_mb_start", "rss_mb_end",
+    "last_keystroke_answered",
+}
+
+
+async def test_bench_server_replays_typing_and_reports_exact_fields(tmp_path):
+    import argparse
+
+    from codespec_lsp.bench_server import run_bench
+
+    (tmp_path / "a.py").write_text("def f(x):\n    return x + 1\n\n\nprint(f(2))\n" * 5)
+    args = argparse.Namespace(keystrokes=40, interval_ms=20, corpus=str(tmp_path))
+    env_cmd = FAKE + ["--debounce-ms", "0"]
+    out = await run_bench(args, server_command=env_cmd)
+    assert set(out) == BENCH_FIELDS
+    assert out["keystrokes"] == 40 and out["last_keystroke_answered"] is True
+    # Every keystroke's request ends up counted one way or another by the server.
+    assert out["answered"] + out["cancelled"] + out["superseded"] == 40
+    assert 0.0 <= out["wasted_forward_share"] <= 1.0
+    assert out["rss_mb_start"] > 0 and out["rss_mb_end"] > 0
