@@ -401,7 +401,9 @@ class Scheduler:
             self.stats.superseded += 1
         else:
             self.stats.answered += 1
-            self.stats.latencies_ms.append((self._clock() - t0) * 1000)
+            if outcome.status in ("answered", "repeat", "typing_through"):
+                # Instant "not loaded yet" answers would flatter the percentiles.
+                self.stats.latencies_ms.append((self._clock() - t0) * 1000)
         if outcome.text:
             outcome.id = f"c{next(self._ids)}"
             self._shown[outcome.id] = len(outcome.text)

@@ -424,3 +424,50 @@ async def test_burst_of_model_changes_loads_latest_once_more():
 def test_settings_dataclass_replace_keeps_frozen():
     s = dataclasses.replace(Settings(), max_tokens=3)
     assert s.max_tokens == 3
+
+
+def _fake_planner(monkeypatch, plan: dict) -> list:
+    import sys
+    import types as pytypes
+
+    calls = []
+    mod = pytypes.ModuleType("codespec_lsp.planner")
+
+    def plan_pair(draft, target, gpu_mem_bytes, context, k=None, acceptance=None, engine=None):
+        calls.append((draft, target, gpu_mem_bytes, context))
+        return plan
+
+    mod.plan_pair = plan_pair
+    monkeypatch.setitem(sys.modules, "codespec_lsp.planner", mod)
+    return calls
+
+
+async def test_planner_warning_when_pair_will_not_speed_up(monkeypatch):
+    calls = _fake_planner(monkeypatch, {"fits": True, "expected_speedup": 0.8,
+                                        "verdict": "slower", "advice": "use n-gram drafting"})
+    host = EngineHost(loader=lambda s: FakeEngine())
+    done = []
+    await host.load(Settings(), on_done=done.append)
+    assert done[0].ok and "n-gram" in done[0].warning and "0.80" in done[0].warning
+    assert calls[0][:2] == ("fake-draft", "fake-target") and calls[0][2] > 0
+
+
+async def test_planner_warning_when_pair_will_not_fit(monkeypatch):
+    _fake_planner(monkeypatch, {"fits": False, "expected_speedup": 2.0, "verdict": "no",
+                                "advice": "pick the GPTQ preset"})
+    host = EngineHost(loader=lambda s: FakeEngine())
+    done = []
+    await host.load(Settings(), on_done=done.append)
+    assert "will not fit" in done[0].warning and "GPTQ" in done[0].warning
+
+
+async def test_missing_or_failing_planner_never_breaks_loading(monkeypatch):
+    import sys
+    import types as pytypes
+
+    mod = pytypes.ModuleType("codespec_lsp.planner")  # no plan_pair at all
+    monkeypatch.setitem(sys.modules, "codespec_lsp.planner", mod)
+    host = EngineHost(loader=lambda s: FakeEngine())
+    done = []
+    await host.load(Settings(), on_done=done.append)
+    assert done[0].ok and done[0].warning is None and host.state == "ready"

@@ -239,7 +239,8 @@ async def test_invalid_setting_is_shown_and_ignored(client: LanguageClient):
 
 
 async def test_non_ascii_positions_are_utf16(client: LanguageClient):
-    # "😀" is 2 UTF-16 units, "日本" 1 each: the cursor after `= ` is at UTF-16 column 14.
+    # "😀" is 2 UTF-16 units, "日本" 1 each: the cursor after `x = ` is at UTF-16 column 23
+    # (22 code points).
     text = PY + "greeting = '日本😀'; x = \n"
     uri = open_doc(client, "g.py", text)
     line = PY.count("\n")
@@ -277,6 +278,38 @@ async def test_accept_events_feed_counters(client: LanguageClient):
     assert c1["shown"] == c0["shown"] + 1
     assert c1["partially_accepted"] == c0["partially_accepted"] + 1
     assert c1["accepted"] == c0["accepted"] + 1
+
+
+# -------------------------------------------------------- position mapping (no server)
+
+
+@pytest.mark.parametrize("encoding,col", [
+    (types.PositionEncodingKind.Utf16, 23),
+    (types.PositionEncodingKind.Utf8, len("greeting = '日本😀'; x = ".encode())),
+    (types.PositionEncodingKind.Utf32, 22),
+])
+async def test_offset_in_each_encoding(encoding, col):
+    from pygls.workspace import PositionCodec, TextDocument
+
+    from codespec_lsp.server import _offset
+
+    text = "import os\ngreeting = '日本😀'; x = \nz"
+    doc = TextDocument("file:///p.py", text, position_codec=PositionCodec(encoding))
+    off = _offset(doc, types.Position(line=1, character=col))
+    assert text[:off].endswith("; x = ") and text[off] == "\n"
+    assert _offset(doc, types.Position(line=1, character=col + 1)) is None
+    assert _offset(doc, types.Position(line=3, character=0)) is None
+    assert _offset(doc, types.Position(line=2, character=1)) == len(text)
+
+
+async def test_offset_on_the_line_after_a_final_newline():
+    from pygls.workspace import TextDocument
+
+    from codespec_lsp.server import _offset
+
+    assert _offset(TextDocument("file:///p.py", "x\n"), types.Position(line=1, character=0)) == 2
+    assert _offset(TextDocument("file:///p.py", ""), types.Position(line=0, character=0)) == 0
+    assert _offset(TextDocument("file:///p.py", "x"), types.Position(line=1, character=0)) is None
 
 
 # -------------------------------------------------------- capability variants (fake engine)
