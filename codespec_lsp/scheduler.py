@@ -475,12 +475,11 @@ class Scheduler:
         if result is None:
             return
         s = self.stats
-        # The engine counts decode forwards; a prefill (one or more chunks) is target work too,
-        # and the most expensive part of a cancelled request: count it as at least one forward.
-        forwards = result.target_forwards + (1 if result.prefill_tokens > 1 else 0)
-        s.target_forwards += forwards
+        # Decode forwards only, as the engine counts them: a cancelled prefill is not waste,
+        # since the engine keeps the KV it computed and the next keystroke's prompt reuses it.
+        s.target_forwards += result.target_forwards
         if job.abandoned or result.cancelled:
-            s.wasted_target_forwards += forwards
+            s.wasted_target_forwards += result.target_forwards
         s.prefill_tokens += result.prefill_tokens
         s.cache_reused_tokens += result.reused_tokens
         s.proposed += result.proposed

@@ -148,8 +148,9 @@ class CodespecServer(LanguageServer):
 
     def apply_settings(self, errors: list[str], unknown: list[str], origin: str) -> None:
         for err in errors:
-            self.show(types.MessageType.Error, f"codespec: invalid {origin} setting, "
-                                               f"using the default instead: {err}")
+            # The setting falls back to the layer below (CLI flag or default).
+            self.show(types.MessageType.Error, f"codespec: ignoring invalid {origin} setting: "
+                                               f"{err}")
         if unknown:
             log.info("ignoring unknown %s settings: %s", origin, ", ".join(unknown))
         self.settings = self.layers.effective()
@@ -264,8 +265,7 @@ def build_server(args: Any = None, loader=default_loader) -> CodespecServer:
     @server.feature(types.INITIALIZED)
     async def initialized(ls: CodespecServer, params: types.InitializedParams) -> None:
         for kind, msg in ls._pending_messages:
-            ls.show(kind, f"codespec: invalid initializationOptions setting, "
-                          f"using the default instead: {msg}")
+            ls.show(kind, f"codespec: ignoring invalid initializationOptions setting: {msg}")
         ls._pending_messages = []
         ls.spawn(ls.load_models())
 

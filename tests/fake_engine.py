@@ -52,7 +52,7 @@ class FakeEngine:
         self.fim_tokens = fim_tokens
         self.calls = 0
         self.prompts: list[str] = []
-        self.started = threading.Event()  # set when a generate() call is inside its loop
+        self.started = threading.Event()  # set when a generate() call is in its first forward
         self._lock = threading.Lock()      # the real engine is not thread-safe: catch misuse
 
     def count_tokens(self, text: str) -> int:
@@ -78,11 +78,12 @@ class FakeEngine:
         out: list[str] = []
         self.started.set()
         while len(out) < len(pieces):
-            if self.gate is not None:
-                self.gate.wait(timeout=10)
             if cancel is not None and cancel.cancelled:
                 res.cancelled, res.stop_reason = True, "cancelled"
                 break
+            # A forward pass "runs" here: a test holding the gate holds the engine mid-forward.
+            if self.gate is not None:
+                self.gate.wait(timeout=10)
             if self.forward_s:
                 time.sleep(self.forward_s)
             step = pieces[len(out):len(out) + self.tokens_per_forward]
