@@ -410,6 +410,7 @@ class Scheduler:
         return outcome
 
     async def _complete(self, req: CompletionRequest) -> Outcome:
+        t0 = self._clock()
         settings = self.settings()
         if not settings.enable:
             self._supersede(req.key)
@@ -424,19 +425,28 @@ class Scheduler:
         self._supersede(req.key)
         job = self._jobs[req.key] = _Job()
         try:
-            delay = self.rhythm.debounce(settings.debounce_ms / 1000)
+            base = settings.debounce_ms / 1000
+            delay = self.rhythm.debounce(base)
+            loop = asyncio.get_running_loop()
+            if delay > base and hasattr(engine, "prefill"):
+                # Typing faster than the model answers: no generation until a pause, but keep the
+                # KV cache level with the typing (a few tokens a keystroke), so the answer at
+                # the pause prefills almost nothing. Prefill is never waste: the next prompt
+                # reuses it.
+                if not await self.debouncer.wait(req.key, base):
+                    return self._abandon(job, "superseded")
+                warm = loop.run_in_executor(self._executor, self._warm, engine, job, req, settings)
+                await self._until_superseded(job, warm)
+                if job.superseded.is_set():
+                    return self._abandon(job, "superseded")
+                delay = max(0.0, delay - (self._clock() - t0))
             if not await self.debouncer.wait(req.key, delay):
                 return self._abandon(job, "superseded")
             if job.superseded.is_set():
                 return self._abandon(job, "superseded")
-            loop = asyncio.get_running_loop()
             job.future = loop.run_in_executor(self._executor, self._run, engine, job, req, settings)
             job.future.add_done_callback(lambda f: job.abandoned and self._account(job))
-            superseded = asyncio.ensure_future(job.superseded.wait())
-            try:
-                await asyncio.wait([job.future, superseded], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                superseded.cancel()
+            await self._until_superseded(job, job.future)
             if not job.future.done():  # a finished answer is delivered even if just overtaken
                 return self._abandon(job, "superseded")
             result, text = job.future.result()
@@ -457,6 +467,14 @@ class Scheduler:
         self.rhythm.generated(result.wall_s)
         self.cache.put(req.key, req.source, req.offset, text or "")
         return Outcome(text, "answered", result=result)
+
+    @staticmethod
+    async def _until_superseded(job: _Job, fut: asyncio.Future) -> None:
+        superseded = asyncio.ensure_future(job.superseded.wait())
+        try:
+            await asyncio.wait([fut, superseded], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            superseded.cancel()
 
     def _abandon(self, job: _Job, status: str) -> Outcome:
         job.abandoned = True
@@ -501,6 +519,16 @@ class Scheduler:
         if result.cancelled:
             return result, None
         return result, finalize(result.text, line_prefix, prompt.suffix, mode)
+
+    def _warm(self, engine: Any, job: _Job, req: CompletionRequest, settings: Settings) -> None:
+        if job.cancel.cancelled:
+            return
+        prompt = self._context_builder(engine, settings).build(req.key, req.source, req.offset,
+                                                               req.others)
+        try:
+            engine.prefill(prompt.text, cancel=job.cancel)
+        except Exception:
+            log.debug("warm prefill failed", exc_info=True)  # only an optimisation
 
     def _context_builder(self, engine: Any, settings: Settings) -> ContextBuilder:
         budget = settings.context_tokens or default_context_tokens(

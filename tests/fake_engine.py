@@ -52,8 +52,18 @@ class FakeEngine:
         self.fim_tokens = fim_tokens
         self.calls = 0
         self.prompts: list[str] = []
+        self.prefills: list[str] = []
         self.started = threading.Event()  # set when a generate() call is in its first forward
         self._lock = threading.Lock()      # the real engine is not thread-safe: catch misuse
+
+    def prefill(self, prompt: str, cancel: CancelToken | None = None) -> int:
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("FakeEngine.prefill called concurrently")
+        try:
+            self.prefills.append(prompt)
+            return self.count_tokens(prompt)
+        finally:
+            self._lock.release()
 
     def count_tokens(self, text: str) -> int:
         return len(_PIECE.findall(text))

@@ -164,9 +164,12 @@ async def test_steady_fast_typing_spends_no_forwards_between_keystrokes():
     outs = await asyncio.gather(*tasks)
     assert outs[-1].status == "answered"  # the pause at the end is answered
     # Before the rhythm is known (3 gaps) the base debounce lets a few through; after that the
-    # stretched debounce keeps the engine idle until the pause.
+    # stretched debounce keeps generation idle until the pause...
     assert eng.calls <= 4
     assert sum(o.status == "superseded" for o in outs) >= len(outs) - 4
+    # ...while the prompt cache is kept level with the typing, keystroke by keystroke.
+    assert len(eng.prefills) >= len(outs) - 4
+    assert eng.prefills[-1] == "x = abcdefghijkl" == eng.prompts[-1]
 
 
 # ------------------------------------------------------------ cache
