@@ -71,41 +71,51 @@ class Debouncer:
 
 
 class Rhythm:
-    """Adapts the debounce to the typing rhythm.
+    """Fits the generation to the typing rhythm.
 
-    When keystrokes come faster than debounce + generation, a generation started between two
-    of them is cancelled before anyone sees it: pure waste on a shared accelerator. Then the
-    debounce stretches to 1.5x the typical gap (at most +MAX_EXTRA_S), so the model runs at
-    the pauses instead; typing-through still answers every keystroke in between. A slow typer,
-    or a fast model, keeps the configured debounce.
+    A generation still running at the next keystroke is cancelled before anyone sees it: pure
+    waste on a shared accelerator. So, from the typical gap between keystrokes and the measured
+    cost per generated token:
+    - if a suggestion of useful length fits in the gap, start after the configured debounce
+      with max tokens cut to what fits (a pause gets its answer as fast as ever);
+    - if not (typing faster than the model), stretch the debounce past the typical gap, so the
+      model runs at the pauses, with full length; typing-through answers in between.
+    Until a token cost is measured the model counts as slow.
     """
 
     PAUSE_S = 1.0       # a longer gap is a pause, not part of the rhythm
-    MAX_EXTRA_S = 0.2
+    MAX_EXTRA_S = 0.2   # the most the debounce is ever stretched
+    MIN_TOKENS = 6      # a shorter suggestion is not worth a model call
+    FILL = 0.8          # share of the typical gap a generation may use
 
     def __init__(self) -> None:
         self._last: float | None = None
         self._gaps: deque = deque(maxlen=8)
-        self.generation_s: float | None = None  # EMA of finished generations' wall time
+        self.token_s: float | None = None  # EMA of wall seconds per generated token
 
     def keystroke(self, now: float) -> None:
         if self._last is not None and now - self._last < self.PAUSE_S:
             self._gaps.append(now - self._last)
         self._last = now
 
-    def generated(self, wall_s: float) -> None:
-        g = self.generation_s
-        self.generation_s = wall_s if g is None else 0.7 * g + 0.3 * wall_s
+    def generated(self, wall_s: float, tokens: int) -> None:
+        """From any generation, cancelled ones included: they ran at the same speed."""
+        if tokens <= 0:
+            return
+        per = wall_s / (tokens + 1)  # +1: the fixed part (prefill, first forward)
+        t = self.token_s
+        self.token_s = per if t is None else 0.7 * t + 0.3 * per
 
-    def debounce(self, base_s: float) -> float:
+    def plan(self, base_s: float, max_tokens: int) -> tuple[float, int]:
+        """(debounce seconds, max new tokens) for the next request."""
         if len(self._gaps) < 3:
-            return base_s
+            return base_s, max_tokens
         typical = sorted(self._gaps)[len(self._gaps) // 2]
-        # Unknown generation time counts as slow: it is learnt at the first pause.
-        gen = self.generation_s if self.generation_s is not None else float("inf")
-        if typical >= base_s + gen:
-            return base_s
-        return min(max(base_s, typical * 1.5), base_s + self.MAX_EXTRA_S)
+        if self.token_s is not None:
+            fits = int((typical * self.FILL - base_s) / self.token_s)
+            if fits >= min(self.MIN_TOKENS, max_tokens):
+                return base_s, min(max_tokens, fits)
+        return min(max(base_s, typical * 1.5), base_s + self.MAX_EXTRA_S), max_tokens
 
 
 # ---------------------------------------------------------------- typing-through cache
@@ -426,7 +436,7 @@ class Scheduler:
         job = self._jobs[req.key] = _Job()
         try:
             base = settings.debounce_ms / 1000
-            delay = self.rhythm.debounce(base)
+            delay, max_tokens = self.rhythm.plan(base, settings.max_tokens)
             loop = asyncio.get_running_loop()
             if delay > base and hasattr(engine, "prefill"):
                 # Typing faster than the model answers: no generation until a pause, but keep the
@@ -444,7 +454,8 @@ class Scheduler:
                 return self._abandon(job, "superseded")
             if job.superseded.is_set():
                 return self._abandon(job, "superseded")
-            job.future = loop.run_in_executor(self._executor, self._run, engine, job, req, settings)
+            job.future = loop.run_in_executor(self._executor, self._run, engine, job, req,
+                                              settings, max_tokens)
             job.future.add_done_callback(lambda f: job.abandoned and self._account(job))
             await self._until_superseded(job, job.future)
             if not job.future.done():  # a finished answer is delivered even if just overtaken
@@ -464,7 +475,6 @@ class Scheduler:
                 del self._jobs[req.key]
         if result is None or result.cancelled:
             return Outcome(None, "superseded", result=result)
-        self.rhythm.generated(result.wall_s)
         self.cache.put(req.key, req.source, req.offset, text or "")
         return Outcome(text, "answered", result=result)
 
@@ -492,6 +502,7 @@ class Scheduler:
         result, _ = job.future.result()
         if result is None:
             return
+        self.rhythm.generated(result.wall_s, len(result.tokens))
         s = self.stats
         # Decode forwards only, as the engine counts them: a cancelled prefill is not waste,
         # since the engine keeps the KV it computed and the next keystroke's prompt reuses it.
@@ -505,15 +516,15 @@ class Scheduler:
         s.generated_tokens += len(result.tokens)
 
     # Runs on the engine thread: everything that touches the engine or its tokenizer.
-    def _run(self, engine: Any, job: _Job, req: CompletionRequest,
-             settings: Settings) -> tuple[GenerationResult | None, str | None]:
+    def _run(self, engine: Any, job: _Job, req: CompletionRequest, settings: Settings,
+             max_tokens: int) -> tuple[GenerationResult | None, str | None]:
         if job.cancel.cancelled:
             return None, None  # overtaken while queued: no forward spent
         builder = self._context_builder(engine, settings)
         prompt = builder.build(req.key, req.source, req.offset, req.others)
         line_prefix, line_suffix, prev_line = split_line(req.source, req.offset)
         mode = decide_mode(line_prefix, line_suffix, prev_line)
-        result = engine.generate(prompt.text, max_new_tokens=settings.max_tokens,
+        result = engine.generate(prompt.text, max_new_tokens=max_tokens,
                                  stop_fn=lambda text: block_end(text, mode), cancel=job.cancel,
                                  lookup_text=prompt.lookup_text)
         if result.cancelled:

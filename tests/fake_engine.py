@@ -53,6 +53,7 @@ class FakeEngine:
         self.calls = 0
         self.prompts: list[str] = []
         self.prefills: list[str] = []
+        self.max_tokens_seen: list[int] = []
         self.started = threading.Event()  # set when a generate() call is in its first forward
         self._lock = threading.Lock()      # the real engine is not thread-safe: catch misuse
 
@@ -82,6 +83,7 @@ class FakeEngine:
         t0 = time.perf_counter()
         self.calls += 1
         self.prompts.append(prompt)
+        self.max_tokens_seen.append(max_new_tokens)
         pieces = _PIECE.findall(self.script(prompt))[:max_new_tokens]
         res = GenerationResult(text="", tokens=[], stop_reason="max_tokens", cancelled=False,
                                prefill_tokens=self.count_tokens(prompt))

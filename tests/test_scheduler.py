@@ -113,30 +113,59 @@ def _typed(rhythm: Rhythm, gaps):
 def test_rhythm_keeps_base_until_it_knows_the_rhythm():
     r = Rhythm()
     _typed(r, [0.1, 0.1])
-    assert r.debounce(0.06) == 0.06
+    assert r.plan(0.06, 48) == (0.06, 48)
 
 
-def test_fast_typing_with_unknown_or_slow_model_waits_for_a_pause():
+def test_fast_typing_with_unknown_model_speed_waits_for_a_pause():
     r = Rhythm()
     _typed(r, [0.1] * 5)
-    assert r.debounce(0.06) == pytest.approx(0.15)
-    r.generated(0.3)
-    assert r.debounce(0.06) == pytest.approx(0.15)
+    delay, tokens = r.plan(0.06, 48)
+    assert delay == pytest.approx(0.15) and tokens == 48
 
 
-def test_fast_model_keeps_base_debounce():
+def test_fast_typing_with_slow_model_waits_for_a_pause():
     r = Rhythm()
     _typed(r, [0.1] * 5)
-    r.generated(0.02)
-    assert r.debounce(0.06) == 0.06
+    r.generated(wall_s=0.44, tokens=21)  # 20 ms a token: nothing useful fits in 20 ms
+    delay, tokens = r.plan(0.06, 48)
+    assert delay == pytest.approx(0.15) and tokens == 48
 
 
-def test_slow_typing_is_capped_and_pauses_ignored():
+def test_generation_is_cut_to_fit_the_gap():
     r = Rhythm()
-    _typed(r, [0.5, 5.0, 0.5, 30.0, 0.5])
+    _typed(r, [0.3] * 5)
+    r.generated(wall_s=0.2, tokens=19)  # 10 ms a token
+    delay, tokens = r.plan(0.06, 48)
+    # (0.3 * 0.8 - 0.06) / 0.01 = 18 tokens finish before the next keystroke
+    assert delay == 0.06 and tokens == 18
+
+
+def test_fast_model_keeps_full_length():
+    r = Rhythm()
+    _typed(r, [0.3] * 5)
+    r.generated(wall_s=0.05, tokens=49)  # 1 ms a token
+    assert r.plan(0.06, 48) == (0.06, 48)
+
+
+def test_cancelled_generations_teach_speed_too_and_empty_ones_nothing():
+    r = Rhythm()
+    r.generated(wall_s=1.0, tokens=0)
+    assert r.token_s is None
+    r.generated(wall_s=0.1, tokens=9)
+    assert r.token_s == pytest.approx(0.01)
+
+
+def test_slow_typing_stretch_is_capped_and_pauses_ignored():
+    r = Rhythm()
+    _typed(r, [0.1, 5.0, 0.1, 30.0, 0.1])
     assert len(r._gaps) == 3
-    r.generated(1.0)
-    assert r.debounce(0.06) == pytest.approx(0.06 + Rhythm.MAX_EXTRA_S)
+    r.generated(wall_s=1.0, tokens=9)
+    delay, _ = r.plan(0.1, 48)
+    assert delay == pytest.approx(0.15)
+    r2 = Rhythm()
+    _typed(r2, [0.5] * 4)
+    r2.generated(wall_s=10.0, tokens=9)
+    assert r2.plan(0.06, 48)[0] == pytest.approx(0.06 + Rhythm.MAX_EXTRA_S)
 
 
 class SlowFake(FakeEngine):
@@ -144,7 +173,7 @@ class SlowFake(FakeEngine):
 
     def generate(self, *a, **k):
         res = super().generate(*a, **k)
-        res.wall_s = 0.5
+        res.wall_s = 0.05 * (len(res.tokens) + 1)
         return res
 
 
@@ -170,6 +199,29 @@ async def test_steady_fast_typing_spends_no_forwards_between_keystrokes():
     # ...while the prompt cache is kept level with the typing, keystroke by keystroke.
     assert len(eng.prefills) >= len(outs) - 4
     assert eng.prefills[-1] == "x = abcdefghijkl" == eng.prompts[-1]
+
+
+async def test_moderate_typing_gets_suggestions_cut_to_fit_the_gap():
+    class TenMsPerToken(FakeEngine):
+        def generate(self, *a, **k):
+            res = super().generate(*a, **k)
+            res.wall_s = 0.01 * (len(res.tokens) + 1)
+            return res
+
+    clock = FakeClock()
+    eng = TenMsPerToken()
+    s = make(eng, clock, debounce_ms=60, max_tokens=48)
+    text = "x = "
+    for ch in "abcdef":
+        text += ch
+        task = asyncio.ensure_future(s.complete(req(text)))
+        await settle()
+        clock.advance(0.06)
+        assert (await asyncio.wait_for(task, 5)).status == "answered"
+        clock.advance(0.24)
+    # Once the 300 ms rhythm is known: (0.3 * 0.8 - 0.06) / 0.01 = 18 tokens at most.
+    assert eng.max_tokens_seen[:3] == [48, 48, 48]
+    assert eng.max_tokens_seen[-1] == 18
 
 
 # ------------------------------------------------------------ cache
