@@ -10,7 +10,9 @@ Steps, all seeded, so a rerun on the same Python gives the same models up to CPU
      a little cross-entropy), so that its proposals are the ones the target accepts.
 
     python scripts/train_tiny.py --target-steps 320 --draft-steps 160
-    python scripts/train_tiny.py --draft-only --draft-steps 160   # re-distil the draft alone
+    python scripts/train_tiny.py --continue-target --target-steps 400 --draft-steps 160
+(the second command trains the same target further and distils a fresh draft from it;
+codespec_lsp/models/tiny/TRAINING.json records every phase and its minutes)
 """
 
 from __future__ import annotations
@@ -146,40 +148,41 @@ def save(model, tokenizer, folder: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target-steps", type=int, default=600)
-    parser.add_argument("--draft-steps", type=int, default=400)
+    parser.add_argument("--target-steps", type=int, default=320)
+    parser.add_argument("--draft-steps", type=int, default=160)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--draft-only", action="store_true",
-                        help="keep the saved target and tokenizer, distil a new draft from them")
+    parser.add_argument("--continue-target", action="store_true",
+                        help="train the saved target --target-steps more (lower peak LR), then "
+                             "distil a new draft from it")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    rng = random.Random(args.seed)
+    # A continued run draws other windows than the run it continues.
+    rng = random.Random(args.seed + (1 if args.continue_target else 0))
 
     t_start = time.time()
-    files = training_files()
-    texts = read_texts(files)
+    texts = read_texts(training_files())
     print(f"{len(texts)} files, {sum(map(len, texts)) / 1e6:.1f} MB of Python", flush=True)
     record_path = OUT / "TRAINING.json"
-    record = json.loads(record_path.read_text()) if args.draft_only else {}
-    if args.draft_only:
+    if args.continue_target:
+        record = json.loads(record_path.read_text())
         tokenizer = PreTrainedTokenizerFast.from_pretrained(OUT / "target")
         target = LlamaForCausalLM.from_pretrained(OUT / "target", dtype=torch.float32)
-        rng.random()  # the draft's batches differ from the target's, as in a full run
+        peak_lr = 1.5e-3
     else:
+        record = {"phases": []}
         tokenizer = train_tokenizer(texts)
+        target = LlamaForCausalLM(config_for(TARGET, tokenizer))
+        peak_lr = 3e-3
     stream = encode_stream(texts, tokenizer)
     print(f"{len(stream) / 1e6:.2f} M tokens, {time.time() - t_start:.0f}s", flush=True)
 
-    if not args.draft_only:
-        target = LlamaForCausalLM(config_for(TARGET, tokenizer))
-        train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng), args.target_steps,
-              3e-3, label="target")
-        save(target, tokenizer, OUT / "target")
-        record = {"target_steps": args.target_steps,
-                  "target_minutes": round((time.time() - t_start) / 60, 1)}
+    train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng), args.target_steps,
+          peak_lr, label="target")
+    save(target, tokenizer, OUT / "target")
+    target_minutes = (time.time() - t_start) / 60
 
     draft = LlamaForCausalLM(config_for(DRAFT, tokenizer))
     target.requires_grad_(False)
@@ -189,11 +192,15 @@ def main() -> None:
 
     record.update({
         "data": "CPython standard library .py files (PSF licence), tests and held-out modules excluded",
-        "python": sysconfig.get_python_version(),
-        "files": len(texts), "tokens": len(stream),
-        "draft_steps": args.draft_steps, "batch": args.batch, "seq": SEQ, "seed": args.seed,
-        "draft_minutes": round((time.time() - t_start) / 60, 1) - record.get("target_minutes", 0),
-        "threads": args.threads,
+        "python": sysconfig.get_python_version(), "files": len(texts), "tokens": len(stream),
+        "batch": args.batch, "seq": SEQ, "seed": args.seed, "threads": args.threads,
+    })
+    record["phases"].append({
+        "command": "continue" if args.continue_target else "fresh",
+        "target_steps": args.target_steps, "target_peak_lr": peak_lr,
+        "draft_steps": args.draft_steps,
+        "target_minutes": round(target_minutes, 1),
+        "draft_minutes": round((time.time() - t_start) / 60 - target_minutes, 1),
     })
     record_path.write_text(json.dumps(record, indent=2) + "\n")
     print(f"done in {(time.time() - t_start) / 60:.1f} min", flush=True)

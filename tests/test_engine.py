@@ -179,7 +179,9 @@ def test_cancel_mid_generation_keeps_caches_valid(parts, references, after):
     assert len(result.tokens) < N_NEW
     again = engine.generate(PROMPTS["long"], max_new_tokens=N_NEW)
     assert again.tokens == references["long"]
-    assert again.reused_tokens > 0 and not again.cancelled
+    assert not again.cancelled
+    # Prefill chunks that ran before the cancel stay cached; at the first check nothing had run.
+    assert (again.reused_tokens > 0) == (after > 1)
 
 
 def test_cancel_from_another_thread_returns(parts):

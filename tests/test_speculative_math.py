@@ -3,8 +3,8 @@
 import torch
 
 from codespec_lsp.engine.engine import KController
-from codespec_lsp.engine.speculative import (adjust_probs, best_k, expected_tokens, verify_greedy,
-                                             verify_sampled)
+from codespec_lsp.engine.speculative import adjust_probs, best_k, verify_greedy, verify_sampled
+from codespec_lsp.planner import expected_tokens
 
 
 def test_verify_greedy_keeps_longest_agreeing_prefix_and_adds_target_token():

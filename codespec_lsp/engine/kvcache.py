@@ -2,7 +2,8 @@
 
 Contract: `acquire(tokens)` hands out the cached sequence sharing the longest token prefix with
 `tokens`, cropped to that prefix (and always short of the last token, so the caller has at least
-one token to run and gets logits). The caller owns it until `release(tokens, cache)` puts it back
+one token to run and gets logits). A prefix shorter than MIN_REUSE tokens and than half the entry
+starts cold instead, leaving that entry to its own file. The caller owns it until `release(tokens, cache)` puts it back
 under the tokens it now really holds. Several sequences are kept, because the user moves between
 files; the least recently used go first once their tensors exceed `max_bytes`.
 
@@ -20,6 +21,10 @@ from cachetools import LRUCache
 from transformers import DynamicCache, PreTrainedModel
 
 from codespec_lsp.engine import hf
+
+# Taking an entry crops it, so a short shared head (BOS, a common import block) must not cost
+# another file its cache: an entry is reused only for a prefix this long or half its length.
+MIN_REUSE = 32
 
 
 @dataclass
@@ -51,7 +56,7 @@ class PrefixCache:
         if self.enabled:
             for key, entry in self._entries.items():
                 n = common_prefix_len(entry.tokens, tokens)
-                if n > best_len:
+                if n > best_len and (n >= MIN_REUSE or 2 * n >= len(entry.tokens)):
                     best_key, best_len = key, n
         if best_key is None:
             return hf.new_cache(self.model), 0

@@ -193,6 +193,9 @@ def load_engine(preset: str | None = None, draft: str | None = None, target: str
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     opts = dict(allow_download=allow_download, trust_remote_code=trust_remote_code)
+    for ref in (target_ref, draft_ref):
+        if ref is not None:
+            _local_config(ref)  # a folder that is not a model folder says so before anything loads
 
     target_tok = load_tokenizer(target_ref, **opts)
     if draft_ref is not None:

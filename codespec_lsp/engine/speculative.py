@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import torch
 
+# The planner owns the speedup model (pure arithmetic); the engine applies it to measured numbers.
+from codespec_lsp.planner import expected_tokens
+
 
 def adjust_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
     """Sampling distribution from logits [..., V]. Draft and target go through the same transform,
@@ -59,13 +62,6 @@ def verify_sampled(p: torch.Tensor, q: torch.Tensor | None, proposal: list[int],
     if float(residual.sum()) <= 0.0:
         residual = p[n]  # p == q on its support: rejection had probability 0, guard rounding only
     return n, sample(residual / residual.sum(), generator)
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens per target forward when each draft token is kept with probability alpha."""
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 def best_k(alpha: float, draft_cost: float, verify_cost: list[float], k_max: int) -> int:

@@ -1,0 +1,55 @@
+"""`codespec-lsp complete` and `codespec-lsp bench engine` end to end on the embedded pair."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from codespec_lsp.bench import engine_bench
+from codespec_lsp.cli import main
+from codespec_lsp.engine import load_engine
+
+pytestmark = pytest.mark.slow
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+
+BENCH_FIELDS = ["preset", "device", "points", "lossless", "acceptance_rate",
+                "tokens_per_target_forward", "speedup", "next_token_accuracy", "unigram_accuracy",
+                "prefill_tokens_per_keystroke", "prefill_tokens_per_keystroke_nocache",
+                "cancel_latency_ms_p95", "target_forward_ms_p50"]
+
+
+def test_complete_json_matches_plain_and_target_only(capsys):
+    assert main(["complete", str(DEMO), "--line", "12", "--col", "0", "--json", "--max-tokens", "24"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main(["complete", str(DEMO), "--line", "12", "--col", "0", "--json", "--max-tokens", "24",
+                 "--no-speculative"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert spec["text"] == alone["text"]  # lossless through the whole pipeline
+    assert alone["proposed"] == 0 and alone["draft_forwards"] == 0
+    for key in ("target_forwards", "draft_forwards", "proposed", "accepted", "prefill_tokens",
+                "reused_tokens", "wall_s", "cancelled"):
+        assert key in spec
+    assert spec["prefill_tokens"] > 50 and not spec["cancelled"]
+    assert main(["complete", str(DEMO), "--line", "12", "--col", "0", "--max-tokens", "24"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == spec["text"]
+
+
+def test_complete_rejects_positions_outside_the_file(capsys):
+    assert main(["complete", str(DEMO), "--line", "999", "--col", "0"]) == 2
+    assert "outside the file" in capsys.readouterr().err
+    assert main(["complete", str(DEMO), "--line", "0", "--col", "500"]) == 2
+    assert "past the end of line 0" in capsys.readouterr().err
+
+
+def test_bench_engine_fields_and_invariants():
+    engine = load_engine(preset="tiny", device="cpu")
+    out = engine_bench(engine, points=2, max_tokens=12, keystrokes=3, cancel_trials=2)
+    assert list(out) == BENCH_FIELDS
+    assert out["points"] == 2 and out["preset"] == "tiny" and out["device"] == "cpu"
+    assert out["lossless"] is True
+    assert 0.0 <= out["acceptance_rate"] <= 1.0 and out["tokens_per_target_forward"] >= 1.0
+    assert out["next_token_accuracy"] > out["unigram_accuracy"] > 0
+    assert out["prefill_tokens_per_keystroke"] < out["prefill_tokens_per_keystroke_nocache"]
+    assert out["prefill_tokens_per_keystroke_nocache"] >= 512
