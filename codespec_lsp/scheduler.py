@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
 from cachetools import LRUCache
@@ -74,48 +75,66 @@ class Rhythm:
     """Fits the generation to the typing rhythm.
 
     A generation still running at the next keystroke is cancelled before anyone sees it: pure
-    waste on a shared accelerator. So, from the typical gap between keystrokes and the measured
-    cost per generated token:
+    waste on a shared accelerator. So, from the typical gap between keystrokes and a model of
+    generation time, T(n) = fixed + per_token * n, fitted on recent generations:
     - if a suggestion of useful length fits in the gap, start after the configured debounce
       with max tokens cut to what fits (a pause gets its answer as fast as ever);
-    - if not (typing faster than the model), stretch the debounce past the typical gap, so the
-      model runs at the pauses, with full length; typing-through answers in between.
-    Until a token cost is measured the model counts as slow.
+    - if not (typing faster than the model), stretch the debounce past the typical gap (1.5x,
+      at most MAX_DEBOUNCE_S), so the model runs at the pauses, with full length;
+      typing-through answers in between.
+    Until generation time is measured the model counts as slow.
     """
 
     PAUSE_S = 1.0       # a longer gap is a pause, not part of the rhythm
-    MAX_EXTRA_S = 0.2   # the most the debounce is ever stretched
+    MAX_DEBOUNCE_S = 0.6  # the most the debounce is ever stretched to
     MIN_TOKENS = 6      # a shorter suggestion is not worth a model call
-    FILL = 0.8          # share of the typical gap a generation may use
+    FILL = 0.7          # share of the typical gap a generation may use (the rest is variance)
+    WARM_PREFILL = 64   # generations that prefilled more (a cold file) say nothing of keystrokes
 
     def __init__(self) -> None:
         self._last: float | None = None
         self._gaps: deque = deque(maxlen=8)
-        self.token_s: float | None = None  # EMA of wall seconds per generated token
+        self._samples: deque = deque(maxlen=16)  # (tokens, wall seconds)
 
     def keystroke(self, now: float) -> None:
         if self._last is not None and now - self._last < self.PAUSE_S:
             self._gaps.append(now - self._last)
         self._last = now
 
-    def generated(self, wall_s: float, tokens: int) -> None:
+    def generated(self, wall_s: float, tokens: int, prefill_tokens: int = 0) -> None:
         """From any generation, cancelled ones included: they ran at the same speed."""
-        if tokens <= 0:
-            return
-        per = wall_s / (tokens + 1)  # +1: the fixed part (prefill, first forward)
-        t = self.token_s
-        self.token_s = per if t is None else 0.7 * t + 0.3 * per
+        if tokens > 0 and prefill_tokens <= self.WARM_PREFILL:
+            self._samples.append((tokens, wall_s))
+
+    def cost(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per token): Theil-Sen over the recent generations, since a
+        busy machine throws outliers that would drag a least-squares fit anywhere."""
+        if not self._samples:
+            return None
+        pts = list(self._samples)
+        slopes = [(w2 - w1) / (n2 - n1) for i, (n1, w1) in enumerate(pts)
+                  for n2, w2 in pts[i + 1:] if n2 != n1]
+        per = _median(slopes) if slopes else _median([w / (n + 1) for n, w in pts])
+        per = max(per, 1e-4)
+        return max(_median([w - per * n for n, w in pts]), 0.0), per
 
     def plan(self, base_s: float, max_tokens: int) -> tuple[float, int]:
         """(debounce seconds, max new tokens) for the next request."""
         if len(self._gaps) < 3:
             return base_s, max_tokens
-        typical = sorted(self._gaps)[len(self._gaps) // 2]
-        if self.token_s is not None:
-            fits = int((typical * self.FILL - base_s) / self.token_s)
+        typical = _median(list(self._gaps))
+        if (cost := self.cost()) is not None:
+            fixed, per = cost
+            fits = int((typical * self.FILL - base_s - fixed) / per + 1e-9)
             if fits >= min(self.MIN_TOKENS, max_tokens):
                 return base_s, min(max_tokens, fits)
-        return min(max(base_s, typical * 1.5), base_s + self.MAX_EXTRA_S), max_tokens
+        # Past the typical gap, or the model would start just in time to be cancelled.
+        return max(base_s, min(typical * 1.5, self.MAX_DEBOUNCE_S)), max_tokens
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
 
 
 # ---------------------------------------------------------------- typing-through cache
@@ -239,6 +258,19 @@ async def _maybe_await(value: Any) -> None:
         await value
 
 
+def _calibrate(engine: Any) -> tuple[int, float, int] | None:
+    """One short warm generation at load, on real code at a realistic context length, so the
+    first keystrokes are planned with a measured speed (and the kernels are warm)."""
+    try:
+        text = Path(__file__).with_name("context.py").read_text(encoding="utf-8")[:5000]
+        engine.generate(text, max_new_tokens=1)           # cold prefill, not a keystroke
+        r = engine.generate(text + "\n", max_new_tokens=12)  # what a keystroke costs
+        return len(r.tokens), r.wall_s, r.prefill_tokens
+    except Exception:
+        log.debug("calibration failed", exc_info=True)
+        return None
+
+
 class EngineHost:
     """Holds the engine and its state (loading/ready/error); loads in a background thread.
 
@@ -254,6 +286,7 @@ class EngineHost:
         self._loaded_key: tuple | None = None
         self._wanted: Settings | None = None
         self._running = False
+        self.warmup: tuple[int, float, int] | None = None  # (tokens, wall s, prefill tokens)
 
     def needs_load(self, settings: Settings) -> bool:
         return settings.model_key() != self._loaded_key
@@ -291,6 +324,7 @@ class EngineHost:
             self.state, self.error = "error", f"{name}: {exc}{hint}"
             log.exception("model load failed")
             return LoadOutcome(False, f"codespec: models not loaded: {name}: {exc}{hint}")
+        self.warmup = await _in_daemon_thread(_calibrate, engine)
         self.engine, self.state = engine, "ready"
         budget = settings.context_tokens or default_context_tokens(
             engine.context_window, settings.max_tokens)
@@ -377,6 +411,7 @@ class Scheduler:
         self.cache = CompletionCache()
         self.debouncer = Debouncer(sleep)
         self.rhythm = Rhythm()
+        self._calibrated: Any = None
         self._clock = clock
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "codespec-engine")
         self._jobs: dict[str, _Job] = {}
@@ -432,6 +467,11 @@ class Scheduler:
         engine = self.host.engine
         if engine is None:
             return Outcome(None, "not_ready")
+        if self._calibrated is not engine:
+            self._calibrated = engine
+            if self.host.warmup is not None:
+                self.rhythm.generated(self.host.warmup[1], self.host.warmup[0],
+                                      self.host.warmup[2])
         self._supersede(req.key)
         job = self._jobs[req.key] = _Job()
         try:
@@ -502,7 +542,7 @@ class Scheduler:
         result, _ = job.future.result()
         if result is None:
             return
-        self.rhythm.generated(result.wall_s, len(result.tokens))
+        self.rhythm.generated(result.wall_s, len(result.tokens), result.prefill_tokens)
         s = self.stats
         # Decode forwards only, as the engine counts them: a cancelled prefill is not waste,
         # since the engine keeps the KV it computed and the next keystroke's prompt reuses it.

@@ -85,8 +85,12 @@ class FakeEngine:
         self.prompts.append(prompt)
         self.max_tokens_seen.append(max_new_tokens)
         pieces = _PIECE.findall(self.script(prompt))[:max_new_tokens]
+        # Like the engine's prefix cache: only what differs from the previous prompt is prefilled.
+        last = self.prompts[-2] if len(self.prompts) > 1 else ""
+        common = len(os.path.commonprefix([last, prompt]))
         res = GenerationResult(text="", tokens=[], stop_reason="max_tokens", cancelled=False,
-                               prefill_tokens=self.count_tokens(prompt))
+                               prefill_tokens=self.count_tokens(prompt[common:]) + 1,
+                               reused_tokens=self.count_tokens(prompt[:common]))
         out: list[str] = []
         self.started.set()
         while len(out) < len(pieces):

@@ -134,10 +134,37 @@ def test_fast_typing_with_slow_model_waits_for_a_pause():
 def test_generation_is_cut_to_fit_the_gap():
     r = Rhythm()
     _typed(r, [0.3] * 5)
-    r.generated(wall_s=0.2, tokens=19)  # 10 ms a token
+    for n in (4, 8, 12, 16):
+        r.generated(wall_s=0.03 + 0.01 * n, tokens=n)  # 30 ms fixed, 10 ms a token
+    fixed, per = r.cost()
+    assert fixed == pytest.approx(0.03) and per == pytest.approx(0.01)
     delay, tokens = r.plan(0.06, 48)
-    # (0.3 * 0.8 - 0.06) / 0.01 = 18 tokens finish before the next keystroke
-    assert delay == 0.06 and tokens == 18
+    # (0.3 * 0.7 - 0.06 - 0.03) / 0.01 = 12 tokens finish before the next keystroke
+    assert delay == 0.06 and tokens == 12
+
+
+def test_fixed_cost_alone_can_rule_out_a_call():
+    r = Rhythm()
+    _typed(r, [0.3] * 5)
+    for n in (1, 2, 3, 6):
+        r.generated(wall_s=0.16 + 0.001 * n, tokens=n)  # slow start, then fast
+    delay, tokens = r.plan(0.06, 48)
+    assert delay == pytest.approx(0.45) and tokens == 48  # waits past the gap, for a pause
+
+
+def test_outliers_do_not_drag_the_cost_model():
+    r = Rhythm()
+    for n in (2, 4, 6, 8, 10, 12):
+        r.generated(wall_s=0.02 + 0.01 * n, tokens=n)
+    r.generated(wall_s=0.9, tokens=1)  # the machine was busy for a moment
+    fixed, per = r.cost()
+    assert fixed == pytest.approx(0.02, abs=0.01) and per == pytest.approx(0.01, abs=0.003)
+
+
+def test_cold_prefill_samples_are_ignored():
+    r = Rhythm()
+    r.generated(wall_s=3.0, tokens=5, prefill_tokens=1500)
+    assert r.cost() is None
 
 
 def test_fast_model_keeps_full_length():
@@ -150,9 +177,9 @@ def test_fast_model_keeps_full_length():
 def test_cancelled_generations_teach_speed_too_and_empty_ones_nothing():
     r = Rhythm()
     r.generated(wall_s=1.0, tokens=0)
-    assert r.token_s is None
+    assert r.cost() is None
     r.generated(wall_s=0.1, tokens=9)
-    assert r.token_s == pytest.approx(0.01)
+    assert r.cost() == pytest.approx((0.01, 0.01))
 
 
 def test_slow_typing_stretch_is_capped_and_pauses_ignored():
@@ -165,7 +192,7 @@ def test_slow_typing_stretch_is_capped_and_pauses_ignored():
     r2 = Rhythm()
     _typed(r2, [0.5] * 4)
     r2.generated(wall_s=10.0, tokens=9)
-    assert r2.plan(0.06, 48)[0] == pytest.approx(0.06 + Rhythm.MAX_EXTRA_S)
+    assert r2.plan(0.06, 48)[0] == pytest.approx(Rhythm.MAX_DEBOUNCE_S)
 
 
 class SlowFake(FakeEngine):
@@ -219,9 +246,10 @@ async def test_moderate_typing_gets_suggestions_cut_to_fit_the_gap():
         clock.advance(0.06)
         assert (await asyncio.wait_for(task, 5)).status == "answered"
         clock.advance(0.24)
-    # Once the 300 ms rhythm is known: (0.3 * 0.8 - 0.06) / 0.01 = 18 tokens at most.
+    # Once the 300 ms rhythm is known, with 10 ms fixed + 10 ms a token:
+    # (0.3 * 0.7 - 0.06 - 0.01) / 0.01 = 14 tokens at most.
     assert eng.max_tokens_seen[:3] == [48, 48, 48]
-    assert eng.max_tokens_seen[-1] == 18
+    assert eng.max_tokens_seen[-1] == 14
 
 
 # ------------------------------------------------------------ cache
@@ -433,6 +461,18 @@ async def test_host_loads_and_reports():
     assert done[0].ok and "fake-target" in done[0].message
     assert not host.needs_load(Settings(max_tokens=5))  # not a model setting
     assert host.needs_load(Settings(preset="other"))
+
+
+async def test_load_calibrates_the_rhythm_with_a_warm_generation():
+    eng = FakeEngine()
+    host = EngineHost(loader=lambda s: eng)
+    await host.load(Settings())
+    tokens, wall_s, prefill = host.warmup
+    assert tokens > 0 and prefill <= 2  # the second, warm call: a keystroke's cost
+    s = Scheduler(host, lambda: Settings(debounce_ms=0))
+    assert s.rhythm.cost() is None
+    await s.complete(req("x = "))
+    assert s.rhythm.cost() is not None
 
 
 async def test_host_load_failure_keeps_message():
