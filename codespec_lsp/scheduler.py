@@ -9,6 +9,8 @@ Promises:
 - A cancelled request ($/cancelRequest → asyncio cancellation) sets the engine's token too.
 - Typing through a shown suggestion, or asking again at the same place, answers from memory
   with no model call.
+- The debounce and the suggestion length follow the typing rhythm (Rhythm), so generations
+  end before the next keystroke or wait for a pause, and the prompt cache is kept warm.
 - Every target forward is accounted exactly once as used (its answer was delivered) or wasted.
 """
 
@@ -120,7 +122,7 @@ class Rhythm:
 
     def plan(self, base_s: float, max_tokens: int) -> tuple[float, int]:
         """(debounce seconds, max new tokens) for the next request."""
-        if len(self._gaps) < 3:
+        if len(self._gaps) < 2:
             return base_s, max_tokens
         typical = _median(list(self._gaps))
         if (cost := self.cost()) is not None:
