@@ -33,7 +33,7 @@ from cachetools import LRUCache
 from codespec_lsp.config import Settings, default_context_tokens
 from codespec_lsp.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult, ModelLoadError
-from codespec_lsp.postprocess import decide_mode, finalize, block_end
+from codespec_lsp.complete import complete_at, split_line  # noqa: F401 - split_line re-exported
 
 log = logging.getLogger(__name__)
 
@@ -218,14 +218,16 @@ class LoadOutcome:
 def plan_warning(engine: Any, context_tokens: int) -> str | None:
     """Ask the planner whether this pair fits and pays; None when fine or when it can't say."""
     try:
-        from codespec_lsp.planner import plan_pair
+        from codespec_lsp.doctor import plan_pair
         import psutil
         gpu_mem = None
         if str(engine.device).startswith("cuda"):
             import torch  # the planner needs the free memory; only the loader side touches torch
             gpu_mem = torch.cuda.get_device_properties(torch.device(engine.device)).total_memory
+        # From the configs only: measuring would run the engine off its worker thread and hold
+        # up "ready" by seconds; `codespec-lsp doctor` measures on request.
         plan = plan_pair(engine.draft_name, engine.target_name,
-                         gpu_mem or psutil.virtual_memory().total, context_tokens, engine=engine)
+                         gpu_mem or psutil.virtual_memory().total, context_tokens)
     except Exception as exc:  # a missing or failing planner must never break serving
         log.debug("planner unavailable: %s", exc)
         return None
@@ -387,17 +389,6 @@ class _Job:
     future: asyncio.Future | None = None
     abandoned: bool = False
     accounted: bool = False
-
-
-def split_line(source: str, offset: int) -> tuple[str, str, str]:
-    """(text before the cursor on its line, text after it, nearest non-blank line above)."""
-    start = source.rfind("\n", 0, offset) + 1
-    end = source.find("\n", offset)
-    prev, i = "", start - 1
-    while i > 0 and not prev.strip():
-        j = source.rfind("\n", 0, i) + 1
-        prev, i = source[j:i], j - 1
-    return source[start:offset], source[offset:end if end != -1 else len(source)], prev
 
 
 # ---------------------------------------------------------------- scheduler
@@ -562,16 +553,8 @@ class Scheduler:
              max_tokens: int) -> tuple[GenerationResult | None, str | None]:
         if job.cancel.cancelled:
             return None, None  # overtaken while queued: no forward spent
-        builder = self._context_builder(engine, settings)
-        prompt = builder.build(req.key, req.source, req.offset, req.others)
-        line_prefix, line_suffix, prev_line = split_line(req.source, req.offset)
-        mode = decide_mode(line_prefix, line_suffix, prev_line)
-        result = engine.generate(prompt.text, max_new_tokens=max_tokens,
-                                 stop_fn=lambda text: block_end(text, mode), cancel=job.cancel,
-                                 lookup_text=prompt.lookup_text)
-        if result.cancelled:
-            return result, None
-        return result, finalize(result.text, line_prefix, prompt.suffix, mode)
+        return complete_at(engine, self._context_builder(engine, settings), req.key, req.source,
+                           req.offset, max_tokens=max_tokens, cancel=job.cancel, others=req.others)
 
     def _warm(self, engine: Any, job: _Job, req: CompletionRequest, settings: Settings) -> None:
         if job.cancel.cancelled:

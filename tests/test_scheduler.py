@@ -521,18 +521,15 @@ def test_settings_dataclass_replace_keeps_frozen():
 
 
 def _fake_planner(monkeypatch, plan: dict) -> list:
-    import sys
-    import types as pytypes
+    from codespec_lsp import doctor
 
     calls = []
-    mod = pytypes.ModuleType("codespec_lsp.planner")
 
     def plan_pair(draft, target, gpu_mem_bytes, context, k=None, acceptance=None, engine=None):
-        calls.append((draft, target, gpu_mem_bytes, context))
+        calls.append((draft, target, gpu_mem_bytes, context, engine))
         return plan
 
-    mod.plan_pair = plan_pair
-    monkeypatch.setitem(sys.modules, "codespec_lsp.planner", mod)
+    monkeypatch.setattr(doctor, "plan_pair", plan_pair)
     return calls
 
 
@@ -544,6 +541,7 @@ async def test_planner_warning_when_pair_will_not_speed_up(monkeypatch):
     await host.load(Settings(), on_done=done.append)
     assert done[0].ok and "n-gram" in done[0].warning and "0.80" in done[0].warning
     assert calls[0][:2] == ("fake-draft", "fake-target") and calls[0][2] > 0
+    assert calls[0][4] is None  # from configs: no engine work off the worker thread
 
 
 async def test_planner_warning_when_pair_will_not_fit(monkeypatch):
@@ -556,11 +554,12 @@ async def test_planner_warning_when_pair_will_not_fit(monkeypatch):
 
 
 async def test_missing_or_failing_planner_never_breaks_loading(monkeypatch):
-    import sys
-    import types as pytypes
+    from codespec_lsp import doctor
 
-    mod = pytypes.ModuleType("codespec_lsp.planner")  # no plan_pair at all
-    monkeypatch.setitem(sys.modules, "codespec_lsp.planner", mod)
+    def failing(*args, **kwargs):
+        raise ValueError("unknown model")
+
+    monkeypatch.setattr(doctor, "plan_pair", failing)
     host = EngineHost(loader=lambda s: FakeEngine())
     done = []
     await host.load(Settings(), on_done=done.append)

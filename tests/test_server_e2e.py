@@ -411,12 +411,32 @@ async def test_tcp_listens_on_localhost_by_default():
         proc.wait()
 
 
-async def test_ws_transport_or_a_clear_error():
-    if importlib.util.find_spec("websockets") is not None:
-        pytest.skip("websockets installed: --ws serves (pygls' own transport)")
-    out = await asyncio.to_thread(subprocess.run, FAKE + ["--ws", "--port", str(_free_port())],
-                                  capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "websockets" in out.stderr
+async def test_ws_listens_on_localhost_and_answers_initialize():
+    import json
+
+    from websockets.asyncio.client import connect
+
+    port = _free_port()
+    proc = subprocess.Popen(FAKE + ["--ws", "--port", str(port)], stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                ws = await connect(f"ws://127.0.0.1:{port}")
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        async with ws:
+            await ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                      "params": {"processId": None, "rootUri": None,
+                                                 "capabilities": {}}}))
+            reply = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        assert reply["id"] == 1 and "inlineCompletionProvider" in reply["result"]["capabilities"]
+        listening = [c.laddr for c in psutil.Process(proc.pid).net_connections()
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and all(addr.ip == "127.0.0.1" for addr in listening)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 async def test_model_change_reloads_in_background():
