@@ -24,6 +24,7 @@ from codespec_lsp.engine.kvcache import PrefixCache
 from codespec_lsp.engine.speculative import adjust_probs, best_k, verify_greedy, verify_sampled
 
 K_MAX = 8
+TRUNCATE_STEP = 256  # over-long prompts lose their head in steps this big (cache-friendly)
 PROBE_EVERY = 16  # steps at K = 0 before one probe at K = 1, so a drafter that improves is noticed
 
 
@@ -156,10 +157,16 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
 
     def encode_prompt(self, prompt: str, reserve: int) -> list[int]:
+        """BOS + the prompt's ids, cut from the left when they would not leave `reserve` positions.
+        The cut moves in steps of TRUNCATE_STEP tokens, so the start stays put while the user types
+        and the prefix cache keeps hitting even for a caller that sends the whole file."""
         ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         room = max(self.context_window - reserve - 1, 1)
+        if len(ids) > room:
+            drop = min(-(-(len(ids) - room) // TRUNCATE_STEP) * TRUNCATE_STEP, len(ids) - 1)
+            ids = ids[drop:][-room:]
         bos = self.tokenizer.bos_token_id
-        return ([bos] if bos is not None else []) + ids[-room:]
+        return ([bos] if bos is not None else []) + ids
 
     def _verify_cost(self) -> list[float]:
         one = self._verify_s.get(1)

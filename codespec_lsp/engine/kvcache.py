@@ -29,16 +29,21 @@ MIN_REUSE = 32
 
 @dataclass
 class _Entry:
-    tokens: list[int]
+    tokens: torch.Tensor  # int64 ids, kept as a tensor: every request compares against every entry
     cache: DynamicCache
     nbytes: int
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
+def _as_tensor(tokens) -> torch.Tensor:
+    return tokens if isinstance(tokens, torch.Tensor) else torch.tensor(tokens, dtype=torch.long)
+
+
+def common_prefix_len(a, b) -> int:
+    a, b = _as_tensor(a), _as_tensor(b)
     n = min(len(a), len(b))
     if n == 0:
         return 0
-    mismatch = (torch.tensor(a[:n]) != torch.tensor(b[:n])).nonzero()
+    mismatch = (a[:n] != b[:n]).nonzero()
     return int(mismatch[0]) if len(mismatch) else n
 
 
@@ -53,9 +58,10 @@ class PrefixCache:
     def acquire(self, tokens: list[int]) -> tuple[DynamicCache, int]:
         """Returns (cache, reused): the cache holds exactly tokens[:reused], reused < len(tokens)."""
         best_key, best_len = None, 0
+        wanted = _as_tensor(tokens)
         if self.enabled:
             for key, entry in self._entries.items():
-                n = common_prefix_len(entry.tokens, tokens)
+                n = common_prefix_len(entry.tokens, wanted)
                 if n > best_len and (n >= MIN_REUSE or 2 * n >= len(entry.tokens)):
                     best_key, best_len = key, n
         if best_key is None:
@@ -73,7 +79,7 @@ class PrefixCache:
         held = hf.cache_len(cache)
         if held == 0:
             return
-        entry = _Entry(list(tokens[:held]), cache, hf.cache_nbytes(cache))
+        entry = _Entry(_as_tensor(tokens[:held]), cache, hf.cache_nbytes(cache))
         if entry.nbytes > self.max_bytes:
             return  # larger than the whole budget: keeping it would evict everything else
         self._entries[next(self._ids)] = entry
