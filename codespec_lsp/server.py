@@ -394,12 +394,6 @@ def run_server(args: Any, loader=default_loader) -> int:
     if getattr(args, "tcp", False):
         server.start_tcp(args.host, args.port)
     elif getattr(args, "ws", False):
-        try:
-            import websockets  # noqa: F401
-        except ImportError:
-            print("codespec-lsp: --ws needs the 'websockets' package: pip install websockets",
-                  file=sys.stderr)
-            return 2
         server.start_ws(args.host, args.port)
     else:
         server.start_io()

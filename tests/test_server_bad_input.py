@@ -4,6 +4,7 @@ mismatched-pair cases start their own (they fail while loading, which is cheap).
 
 import asyncio
 import concurrent.futures
+from functools import partial
 import json
 import pathlib
 import shutil
@@ -16,6 +17,11 @@ from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pytest_lsp import ClientServerConfig, LanguageClient
 
 import codespec_lsp
+from lsp_helpers import open_doc as _open_doc
+from lsp_helpers import stats
+from lsp_helpers import wait_loaded as wait_state
+
+open_doc = partial(_open_doc, folder="/tmp/codespec-bad")
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -32,26 +38,6 @@ async def client(lsp_client: LanguageClient):
     await wait_state(lsp_client)
     yield
     await lsp_client.shutdown_session()
-
-
-async def stats(client) -> dict:
-    return (await client.protocol.send_request_async("codespec/stats", None))._asdict()
-
-
-async def wait_state(client, limit_s: float = 240) -> dict:
-    for _ in range(int(limit_s / 0.25)):
-        st = await stats(client)
-        if st["state"] != "loading":
-            return st
-        await asyncio.sleep(0.25)
-    raise AssertionError("the server never left the loading state")
-
-
-def open_doc(client, name: str, text: str) -> str:
-    uri = f"file:///tmp/codespec-bad/{name}"
-    client.text_document_did_open(types.DidOpenTextDocumentParams(
-        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
-    return uri
 
 
 def inline(client, uri: str, line: int, char: int):

@@ -20,6 +20,9 @@ from pygls.lsp.client import LanguageClient as PyglsClient
 from pygls.exceptions import JsonRpcRequestCancelled
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
+from lsp_helpers import counters, open_doc, stats
+from lsp_helpers import wait_loaded as wait_ready
+
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 STATS_FIELDS = {
@@ -68,31 +71,6 @@ async def client(lsp_client: LanguageClient):
     await lsp_client.shutdown_session()
 
 
-async def stats(client) -> dict:
-    # pygls gives custom results to the client as namedtuples.
-    return (await client.protocol.send_request_async("codespec/stats", None))._asdict()
-
-
-async def counters(client) -> dict:
-    return (await client.protocol.send_request_async("codespec/counters", None))._asdict()
-
-
-async def wait_ready(client, limit_s: float = 240) -> dict:
-    for _ in range(int(limit_s / 0.25)):
-        st = await stats(client)
-        if st["state"] != "loading":
-            return st
-        await asyncio.sleep(0.25)
-    raise AssertionError("models did not load")
-
-
-def open_doc(client, name: str, text: str) -> str:
-    uri = f"file:///tmp/codespec-e2e/{name}"
-    client.text_document_did_open(types.DidOpenTextDocumentParams(
-        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
-    return uri
-
-
 def insert(client, uri: str, version: int, line: int, char: int, text: str) -> None:
     client.text_document_did_change(types.DidChangeTextDocumentParams(
         text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
@@ -125,7 +103,12 @@ async def test_initialize_advertises_inline_completion(client: LanguageClient):
 async def test_models_loaded_with_progress(client: LanguageClient):
     st = await stats(client)
     assert st["state"] == "ready" and "tiny" in st["target"] and st["device"] == "cpu"
-    kinds = [type(v).__name__ for reports in client.progress_reports.values() for v in reports]
+    # "ready" comes first; the progress end follows once the pair's plan is checked.
+    for _ in range(120):
+        kinds = [type(v).__name__ for reports in client.progress_reports.values() for v in reports]
+        if kinds and kinds[-1] == "WorkDoneProgressEnd":
+            break
+        await asyncio.sleep(0.25)
     assert kinds[0] == "WorkDoneProgressBegin" and kinds[-1] == "WorkDoneProgressEnd"
 
 
