@@ -131,7 +131,10 @@ class ModelDrafter:
         for _ in range(k):
             if is_cancelled():
                 break
-            logits = hf.forward(self.model, feed, self._cache)[-1, :self.vocab_size]
+            try:
+                logits = hf.forward(self.model, feed, self._cache)[-1, :self.vocab_size]
+            except hf.ForwardCancelled:
+                break  # the cache was rolled back to before this forward: _cached still holds
             self.forwards += 1
             self._cached = self._cached + feed
             if sampling is None:

@@ -92,8 +92,15 @@ class Engine:
             "ngram": KController(prior_alpha=0.5, prior_cost=0.01),
             "model": KController(prior_alpha=0.6, prior_cost=self._param_ratio()),
         }
+        # The request being served, checked before every decoder layer (hf.install_cancel_check).
+        self._cancel: CancelToken | None = None
+        for model in {id(m): m for m in (target, draft) if m is not None}.values():
+            hf.install_cancel_check(model, self._should_stop)
         self.target_forward_s: deque[float] = deque(maxlen=512)  # recent target forward times
         self._verify_s: dict[int, float] = {}                     # n tokens -> EMA seconds
+
+    def _should_stop(self) -> bool:
+        return self._cancel is not None and self._cancel.cancelled
 
     def _param_ratio(self) -> float:
         if self.draft_model is None:
@@ -145,13 +152,17 @@ class Engine:
         if self.model_drafter is not None:
             stores.append(self.model_drafter.prefix_cache)
         ran = 0
-        for store in stores:
-            cache, reused = store.acquire(seq)
-            try:
-                hf.prefill(store.model, seq[reused:-1], cache, self.prefill_chunk, is_cancelled)
-            finally:
-                store.release(seq, cache)
-            ran = ran or len(seq) - 1 - reused
+        self._cancel = cancel
+        try:
+            for store in stores:
+                cache, reused = store.acquire(seq)
+                try:
+                    hf.prefill(store.model, seq[reused:-1], cache, self.prefill_chunk, is_cancelled)
+                finally:
+                    store.release(seq, cache)
+                ran = ran or len(seq) - 1 - reused
+        finally:
+            self._cancel = None
         return ran
 
     # -- the loop ---------------------------------------------------------------------------
@@ -212,6 +223,7 @@ class Engine:
 
         cache, reused = self.target_cache.acquire(seq)
         result.reused_tokens, result.prefill_tokens = reused, prompt_len - reused
+        self._cancel = cancel
         try:
             for source in sources:
                 source.begin(seq, lookup, cancel)
@@ -226,7 +238,11 @@ class Engine:
                 if is_cancelled():
                     result.cancelled = True
                     break
-                n_kept, next_token = self._verify(seq, proposal, cache, sampling)
+                try:
+                    n_kept, next_token = self._verify(seq, proposal, cache, sampling)
+                except hf.ForwardCancelled:
+                    result.cancelled = True  # stopped between layers; the cache was rolled back
+                    break
                 result.target_forwards += 1
                 if source_name is not None:
                     self.controllers[source_name].record(len(proposal.tokens), n_kept, asked, draft_s)
@@ -246,6 +262,7 @@ class Engine:
                 f"out of GPU memory at {context} tokens of context: lower the context budget or "
                 f"max tokens, or pick a smaller preset ({exc.__class__.__name__})") from exc
         finally:
+            self._cancel = None
             self.target_cache.release(seq, cache)  # crops to `seq`, e.g. drops KV after an EOS
             for source in sources:
                 source.end(seq)

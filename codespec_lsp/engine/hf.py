@@ -7,8 +7,14 @@ module changes when the pinned range in pyproject.toml moves.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+
+class ForwardCancelled(Exception):
+    """Raised between two decoder layers of a forward pass whose request was cancelled."""
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
@@ -26,6 +32,31 @@ def crop(cache: DynamicCache, length: int) -> None:
         cache.crop(-extra)
 
 
+def crop_layers(cache: DynamicCache, length: int) -> None:
+    """Crop every layer on its own: after a forward stopped between layers, the layers that ran
+    hold more positions than those that did not."""
+    for layer in cache.layers:
+        extra = layer.get_seq_length() - length
+        if extra > 0:
+            layer.crop(-extra)
+
+
+def install_cancel_check(model: PreTrainedModel, should_stop: Callable[[], bool]) -> bool:
+    """Check `should_stop` before every decoder layer, so a cancel waits for one layer, not a
+    whole forward. False for models whose layers are not at `model.model.layers`."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        return False
+
+    def check(module, args):
+        if should_stop():
+            raise ForwardCancelled()
+
+    for layer in layers:
+        layer.register_forward_pre_hook(check)
+    return True
+
+
 def cache_nbytes(cache: DynamicCache) -> int:
     total = 0
     for layer in cache.layers:
@@ -40,7 +71,12 @@ def forward(model: PreTrainedModel, ids: list[int], cache: DynamicCache) -> torc
     """Run `ids` after what `cache` holds; the cache grows by len(ids). Returns fp32 logits [len(ids), V]."""
     device = model.device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+    before = cache_len(cache)
+    try:
+        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+    except ForwardCancelled:
+        crop_layers(cache, before)  # the cache is as if this forward never started
+        raise
     return out.logits[0].float()
 
 
@@ -51,5 +87,8 @@ def prefill(model: PreTrainedModel, ids: list[int], cache: DynamicCache, chunk: 
     for start in range(0, len(ids), chunk):
         if cancelled():
             return False
-        forward(model, ids[start:start + chunk], cache)
+        try:
+            forward(model, ids[start:start + chunk], cache)
+        except ForwardCancelled:
+            return False
     return True
