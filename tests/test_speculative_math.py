@@ -68,10 +68,10 @@ def test_expected_tokens_and_best_k():
 def test_controller_learns_acceptance_and_goes_to_zero_when_drafting_does_not_pay():
     ctl = KController(prior_alpha=0.6, prior_cost=0.3)
     for _ in range(30):
-        ctl.record(proposed=4, kept=0, asked=4, seconds=0.004)
+        ctl.record(proposed=4, kept=0, seconds=0.004)
     assert ctl.alpha < 0.05
     ks = [ctl.choose(target_s=0.01, verify_cost=[1.0] * 9) for _ in range(16)]
     assert ks.count(0) == 15 and ks[-1] == 1  # K = 0, with one probe so a recovery is noticed
     for _ in range(30):
-        ctl.record(proposed=4, kept=4, asked=4, seconds=0.0001)
+        ctl.record(proposed=4, kept=4, seconds=0.0001)
     assert ctl.alpha > 0.95 and ctl.choose(target_s=0.01, verify_cost=[1.0] * 9) >= 6

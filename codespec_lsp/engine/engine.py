@@ -62,7 +62,7 @@ class KController:
                 return 1
         return k
 
-    def record(self, proposed: int, kept: int, asked: int, seconds: float) -> None:
+    def record(self, proposed: int, kept: int, seconds: float) -> None:
         decay = 0.9
         rejections = 1 if kept < proposed else 0
         self.kept = self.kept * decay + kept
@@ -189,7 +189,7 @@ class Engine:
         return costs
 
     def _draft(self, sources: list[Drafter], seq: list[int], room: int, sampling: Sampling | None,
-               cancel: CancelToken | None) -> tuple[Proposal, str | None, int, float]:
+               cancel: CancelToken | None) -> tuple[Proposal, str | None, float]:
         verify_cost = self._verify_cost()
         for source in sources:
             ctl = self.controllers[source.name]
@@ -199,8 +199,8 @@ class Engine:
             start = time.perf_counter()
             proposal = source.propose(seq, k, sampling, cancel)
             if proposal.tokens:
-                return proposal, source.name, k, time.perf_counter() - start
-        return Proposal([], None), None, 0, 0.0
+                return proposal, source.name, time.perf_counter() - start
+        return Proposal([], None), None, 0.0
 
     def generate(self, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, stop: Sequence[str] = (),
@@ -234,7 +234,7 @@ class Engine:
                 if new_count >= max_new_tokens or result.stop_reason != "max_tokens":
                     break
                 room = max_new_tokens - new_count - 1
-                proposal, source_name, asked, draft_s = self._draft(sources, seq, room, sampling, cancel)
+                proposal, source_name, draft_s = self._draft(sources, seq, room, sampling, cancel)
                 if is_cancelled():
                     result.cancelled = True
                     break
@@ -245,11 +245,11 @@ class Engine:
                     break
                 result.target_forwards += 1
                 if source_name is not None:
-                    self.controllers[source_name].record(len(proposal.tokens), n_kept, asked, draft_s)
+                    self.controllers[source_name].record(len(proposal.tokens), n_kept, draft_s)
                     result.proposed += len(proposal.tokens)
                     result.accepted += n_kept
-                self._append(seq, proposal.tokens[:n_kept] + [next_token], prompt_len, result,
-                             max_new_tokens, stop, stop_fn)
+                self._append(seq, proposal.tokens[:n_kept] + [next_token], result, max_new_tokens,
+                             stop, stop_fn)
                 if is_cancelled():
                     result.cancelled = True
         except torch.OutOfMemoryError as exc:
@@ -268,7 +268,7 @@ class Engine:
                 source.end(seq)
         if result.cancelled:
             result.stop_reason = "cancelled"
-            result.text = self._decode(result.tokens)[0]
+            result.text = self._decode(result.tokens)
         result.draft_forwards = sum(s.forwards for s in sources) - draft_forwards_before
         result.wall_s = time.perf_counter() - started
         return result
@@ -292,12 +292,12 @@ class Engine:
         hf.crop(cache, len(seq) + n_kept)  # KV rollback: drop the rejected drafts
         return n_kept, next_token
 
-    def _decode(self, tokens: list[int]) -> tuple[str, bool]:
+    def _decode(self, tokens: list[int]) -> str:
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         # A multi-byte character split across tokens decodes to U+FFFD until its last byte arrives.
-        return text.rstrip("\ufffd"), text.endswith("\ufffd")
+        return text.rstrip("\ufffd")
 
-    def _append(self, seq: list[int], new: list[int], prompt_len: int, result: GenerationResult,
+    def _append(self, seq: list[int], new: list[int], result: GenerationResult,
                 max_new_tokens: int, stop: Sequence[str], stop_fn) -> None:
         eos = self.tokenizer.eos_token_id
         if eos in new:
@@ -306,7 +306,7 @@ class Engine:
         new = new[:max_new_tokens - len(result.tokens)]
         seq.extend(new)
         result.tokens.extend(t for t in new if t != eos)
-        text, _ = self._decode(result.tokens)
+        text = self._decode(result.tokens)
         cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
         if stop_fn is not None:
             cut = stop_fn(text)
