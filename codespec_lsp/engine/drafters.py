@@ -42,7 +42,7 @@ class Drafter(Protocol):
     name: str
     forwards: int  # draft-model forward passes so far (0 for free drafters)
 
-    def begin(self, prompt: list[int], lookup: list[int], cancel: CancelToken | None) -> None: ...
+    def begin(self, prompt: list[int], lookup: list[int]) -> None: ...
 
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
                 cancel: CancelToken | None) -> Proposal: ...
@@ -70,7 +70,7 @@ class NgramDrafter:
                 if end - n >= 0:
                     index[tuple(seq[end - n:end])] = end
 
-    def begin(self, prompt: list[int], lookup: list[int], cancel: CancelToken | None = None) -> None:
+    def begin(self, prompt: list[int], lookup: list[int]) -> None:
         self._index, self._indexed = {}, 0
         if lookup != self._reference:
             self._reference, self._reference_index = list(lookup), {}
@@ -110,7 +110,7 @@ class ModelDrafter:
         self._cache = None
         self._cached: list[int] = []
 
-    def begin(self, prompt: list[int], lookup: list[int], cancel: CancelToken | None = None) -> None:
+    def begin(self, prompt: list[int], lookup: list[int]) -> None:
         self._cache, reused = self.prefix_cache.acquire(prompt)
         self._cached = prompt[:reused]
 

@@ -226,7 +226,7 @@ class Engine:
         self._cancel = cancel
         try:
             for source in sources:
-                source.begin(seq, lookup, cancel)
+                source.begin(seq, lookup)
             if not hf.prefill(self.target_model, seq[reused:-1], cache, self.prefill_chunk, is_cancelled):
                 result.cancelled = True
             while not result.cancelled:
