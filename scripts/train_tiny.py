@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "codespec_lsp" / "models" / "tiny"
@@ -105,6 +105,43 @@ def batches(stream: torch.Tensor, bos: int, batch: int, rng: random.Random):
         yield torch.cat([torch.full((batch, 1), bos), body], dim=1)
 
 
+def target_written_batches(target, texts: list[str], tokenizer, batch: int, rng: random.Random,
+                           context: int = 256, written: int = 64):
+    """Windows ending in `written` tokens the target wrote itself (greedy), from points where an
+    editor asks for a completion: a line start, after its indentation. Distilling on these teaches
+    the draft the text it is asked to draft at run time, not only human-written code
+    (sequence-level distillation)."""
+    bos = tokenizer.bos_token_id
+    while True:
+        prompts = []
+        while len(prompts) < batch:
+            text = rng.choice(texts)
+            at = text.find("\n", rng.randrange(len(text))) + 1
+            if at <= 0:
+                continue
+            at += len(text[at:at + 200]) - len(text[at:at + 200].lstrip(" \t"))
+            if at >= len(text) or text[at] == "\n":
+                continue
+            ids = tokenizer(text[max(0, at - 8 * context):at], add_special_tokens=False)["input_ids"]
+            if len(ids) >= context - 1:
+                prompts.append([bos] + ids[-(context - 1):])
+        seq = torch.tensor(prompts)
+        cache = DynamicCache(config=target.config)
+        with torch.no_grad():
+            logits = target(seq, past_key_values=cache, use_cache=True).logits[:, -1]
+            for _ in range(written):
+                token = logits.argmax(-1, keepdim=True)
+                seq = torch.cat([seq, token], dim=1)
+                logits = target(token, past_key_values=cache, use_cache=True).logits[:, -1]
+        yield seq
+
+
+def alternate(*sources):
+    while True:
+        for source in sources:
+            yield next(source)
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int = 40) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -151,44 +188,51 @@ def main() -> None:
     parser.add_argument("--target-steps", type=int, default=320)
     parser.add_argument("--draft-steps", type=int, default=160)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=OUT, help="where the pair is read and written")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--continue-target", action="store_true",
                         help="train the saved target --target-steps more (lower peak LR), then "
                              "distil a new draft from it")
+    parser.add_argument("--target-lr", type=float, default=None,
+                        help="peak LR for the target (default 3e-3 fresh, 1.5e-3 continued)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    # A continued run draws other windows than the run it continues.
-    rng = random.Random(args.seed + (1 if args.continue_target else 0))
 
     t_start = time.time()
     texts = read_texts(training_files())
     print(f"{len(texts)} files, {sum(map(len, texts)) / 1e6:.1f} MB of Python", flush=True)
-    record_path = OUT / "TRAINING.json"
+    record_path = args.out / "TRAINING.json"
     if args.continue_target:
         record = json.loads(record_path.read_text())
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(OUT / "target")
-        target = LlamaForCausalLM.from_pretrained(OUT / "target", dtype=torch.float32)
-        peak_lr = 1.5e-3
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.out / "target")
+        target = LlamaForCausalLM.from_pretrained(args.out / "target", dtype=torch.float32)
+        peak_lr = args.target_lr or 1.5e-3
     else:
         record = {"phases": []}
         tokenizer = train_tokenizer(texts)
         target = LlamaForCausalLM(config_for(TARGET, tokenizer))
-        peak_lr = 3e-3
+        peak_lr = args.target_lr or 3e-3
+    # Each phase draws other windows than the phases before it.
+    rng = random.Random(args.seed + len(record["phases"]))
     stream = encode_stream(texts, tokenizer)
     print(f"{len(stream) / 1e6:.2f} M tokens, {time.time() - t_start:.0f}s", flush=True)
 
-    train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng), args.target_steps,
-          peak_lr, label="target")
-    save(target, tokenizer, OUT / "target")
+    if args.target_steps:
+        train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng), args.target_steps,
+              peak_lr, label="target")
+        save(target, tokenizer, args.out / "target")
     target_minutes = (time.time() - t_start) / 60
 
-    draft = LlamaForCausalLM(config_for(DRAFT, tokenizer))
-    target.requires_grad_(False)
-    train(draft, batches(stream, tokenizer.bos_token_id, args.batch, rng), args.draft_steps,
-          4e-3, teacher=target, label="draft")
-    save(draft, tokenizer, OUT / "draft")
+    if args.draft_steps:
+        draft = LlamaForCausalLM(config_for(DRAFT, tokenizer))
+        target.requires_grad_(False)
+        # Half the steps on human-written windows, half on windows the target finished itself.
+        data = alternate(batches(stream, tokenizer.bos_token_id, args.batch, rng),
+                         target_written_batches(target, texts, tokenizer, args.batch, rng))
+        train(draft, data, args.draft_steps, 4e-3, teacher=target, label="draft")
+        save(draft, tokenizer, args.out / "draft")
 
     record.update({
         "data": "CPython standard library .py files (PSF licence), tests and held-out modules excluded",

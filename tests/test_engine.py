@@ -70,6 +70,17 @@ def test_greedy_equals_target_generate(parts, references, draft_kind, reuse):
         assert totals["accepted"] <= 0.2 * max(totals["proposed"], 1)
 
 
+def test_draft_model_runs_one_forward_per_drafted_token(parts, references):
+    # The tokens accepted in a step ride along with the next step's first draft forward:
+    # a separate catch-up forward per step would make the draft cost k + 1 forwards for k tokens.
+    tok, target, _ = parts
+    engine = make_engine(target, target, tok, drafter="model")
+    engine.prefill(PROMPTS["medium"])
+    result = engine.generate(PROMPTS["medium"], max_new_tokens=N_NEW)
+    assert result.tokens == references["medium"]
+    assert result.proposed > 0 and result.draft_forwards == result.proposed
+
+
 def test_target_only_runs_one_forward_per_token(parts, references):
     tok, target, draft = parts
     engine = make_engine(target, draft, tok)

@@ -95,8 +95,9 @@ class NgramDrafter:
 
 
 class ModelDrafter:
-    """The draft model. Its cache holds `self._cached`; each propose first catches up with the
-    tokens the target accepted (or the n-gram source supplied) since, then drafts one by one."""
+    """The draft model. Its cache holds `self._cached`; each propose feeds the tokens the target
+    accepted (or the n-gram source supplied) since its last step with its first draft forward,
+    then drafts one token per forward."""
 
     name = "model"
 
@@ -120,14 +121,17 @@ class ModelDrafter:
         hf.crop(self._cache, keep)
         self._cached = tokens[:keep]
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
-        # Catch up all but the last new token in chunks; the last one is fed with the first draft step.
-        catch_up = tokens[keep:-1]
+        # The tokens accepted since the last step ride along with the first draft forward, so a
+        # step costs k draft forwards, not k + 1; only a long catch-up (a new prompt) runs first,
+        # in cancellable chunks.
+        split = max(keep, len(tokens) - self.prefill_chunk)
+        catch_up = tokens[keep:split]
         if not hf.prefill(self.model, catch_up, self._cache, self.prefill_chunk, is_cancelled):
             self._cached = tokens[:hf.cache_len(self._cache)]
             return Proposal([], None)
         self.forwards += -(-len(catch_up) // self.prefill_chunk)
-        self._cached = tokens[:-1]
-        feed, drafted, probs = [tokens[-1]], [], []
+        self._cached = tokens[:split]
+        feed, drafted, probs = tokens[split:], [], []
         for _ in range(k):
             if is_cancelled():
                 break
