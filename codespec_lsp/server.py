@@ -32,13 +32,8 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 
 from codespec_lsp import config
-from codespec_lsp.scheduler import (
-    CompletionRequest,
-    EngineHost,
-    LoadOutcome,
-    Scheduler,
-    default_loader,
-)
+from codespec_lsp.engine_host import EngineHost, LoadOutcome, default_loader
+from codespec_lsp.scheduler import CompletionRequest, Scheduler
 
 log = logging.getLogger("codespec_lsp")
 

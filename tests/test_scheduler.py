@@ -6,11 +6,11 @@ import pytest
 
 from codespec_lsp.config import Settings
 from codespec_lsp.engine.api import ModelLoadError
+from codespec_lsp.engine_host import EngineHost
 from codespec_lsp.scheduler import (
     CompletionCache,
     CompletionRequest,
     Debouncer,
-    EngineHost,
     Rhythm,
     Scheduler,
     split_line,

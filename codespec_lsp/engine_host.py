@@ -1,0 +1,157 @@
+"""The engine's lifecycle for the server: load in a background thread, calibrate, warn.
+
+Loading a 13B pair takes tens of seconds and may fail (a broken folder, a mismatched pair, out of
+memory); the server keeps answering meanwhile, and a burst of setting changes loads once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from codespec_lsp.config import Settings, default_context_tokens
+from codespec_lsp.engine.api import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+
+def default_loader(settings: Settings) -> Any:
+    from codespec_lsp.engine import load_engine
+    return load_engine(preset=settings.preset, draft=settings.draft, target=settings.target,
+                       device=settings.device, dtype=settings.dtype,
+                       allow_download=settings.allow_download,
+                       trust_remote_code=settings.trust_remote_code)
+
+
+@dataclass
+class LoadOutcome:
+    ok: bool
+    message: str
+    warning: str | None = None
+
+
+def plan_warning(engine: Any, context_tokens: int) -> str | None:
+    """Ask the planner whether this pair fits and pays; None when fine or when it can't say."""
+    try:
+        from codespec_lsp.doctor import plan_pair
+        import psutil
+        gpu_mem = None
+        if str(engine.device).startswith("cuda"):
+            import torch  # the planner needs the free memory; only the loader side touches torch
+            gpu_mem = torch.cuda.get_device_properties(torch.device(engine.device)).total_memory
+        # From the configs only: measuring would run the engine off its worker thread and hold
+        # up "ready" by seconds; `codespec-lsp doctor` measures on request.
+        plan = plan_pair(engine.draft_name, engine.target_name,
+                         gpu_mem or psutil.virtual_memory().total, context_tokens)
+    except Exception as exc:  # a missing or failing planner must never break serving
+        log.debug("planner unavailable: %s", exc)
+        return None
+    if not plan.get("fits", True):
+        return f"{engine.target_name} + {engine.draft_name} will not fit: {plan.get('advice', '')}"
+    if plan.get("expected_speedup", 1.0) < 1.0:
+        return (f"speculative decoding with {engine.draft_name} is not expected to speed up "
+                f"{engine.target_name} (x{plan['expected_speedup']:.2f}): {plan.get('advice', '')}")
+    return None
+
+
+async def _in_daemon_thread(fn: Callable, *args: Any) -> Any:
+    """Like asyncio.to_thread, but a daemon thread: quitting the editor must not wait for a
+    half-finished load of a large checkpoint."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def run() -> None:
+        try:
+            value = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            loop.call_soon_threadsafe(lambda e=exc: fut.done() or fut.set_exception(e))
+        else:
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(value))
+
+    threading.Thread(target=run, name="codespec-load", daemon=True).start()
+    return await fut
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+def _calibrate(engine: Any) -> tuple[int, float, int] | None:
+    """One short warm generation at load, on real code at a realistic context length, so the
+    first keystrokes are planned with a measured speed (and the kernels are warm)."""
+    try:
+        text = Path(__file__).with_name("context.py").read_text(encoding="utf-8")[:5000]
+        engine.generate(text, max_new_tokens=1)           # cold prefill, not a keystroke
+        r = engine.generate(text + "\n", max_new_tokens=12)  # what a keystroke costs
+        return len(r.tokens), r.wall_s, r.prefill_tokens
+    except Exception:
+        log.debug("calibration failed", exc_info=True)
+        return None
+
+
+class EngineHost:
+    """Holds the engine and its state (loading/ready/error); loads in a background thread.
+
+    While one load runs, newer wishes only update what is wanted; the running loop picks the
+    latest when it finishes, so a burst of setting changes loads once.
+    """
+
+    def __init__(self, loader: Callable[[Settings], Any] = default_loader) -> None:
+        self._loader = loader
+        self.engine: Any = None
+        self.state = "loading"
+        self.error: str | None = None
+        self._loaded_key: tuple | None = None
+        self._wanted: Settings | None = None
+        self._running = False
+        self.warmup: tuple[int, float, int] | None = None  # (tokens, wall s, prefill tokens)
+
+    def needs_load(self, settings: Settings) -> bool:
+        return settings.model_key() != self._loaded_key
+
+    async def load(self, settings: Settings,
+                   on_start: Callable[[Settings], Any] = lambda s: None,
+                   on_done: Callable[[LoadOutcome], Any] = lambda o: None) -> None:
+        """Callbacks may be plain functions or coroutines (progress needs a client round trip)."""
+        self._wanted = settings
+        if self._running:
+            return
+        self._running = True
+        try:
+            while self._wanted is not None and self.needs_load(self._wanted):
+                wanted = self._wanted
+                # Drop the old pair first: two pairs at once may not fit in GPU memory.
+                self.engine, self.state, self.error = None, "loading", None
+                await _maybe_await(on_start(wanted))
+                outcome = await self._load_one(wanted)
+                self._loaded_key = wanted.model_key()
+                await _maybe_await(on_done(outcome))
+        finally:
+            self._running = False
+
+    async def _load_one(self, settings: Settings) -> LoadOutcome:
+        try:
+            engine = await _in_daemon_thread(self._loader, settings)
+        except ModelLoadError as exc:
+            self.state, self.error = "error", str(exc)
+            return LoadOutcome(False, f"codespec: models not loaded: {exc}")
+        except Exception as exc:
+            name = type(exc).__name__
+            hint = " (out of memory: try a smaller or GPTQ preset)" if "memory" in str(exc).lower() \
+                or "OutOfMemory" in name else ""
+            self.state, self.error = "error", f"{name}: {exc}{hint}"
+            log.exception("model load failed")
+            return LoadOutcome(False, f"codespec: models not loaded: {name}: {exc}{hint}")
+        self.warmup = await _in_daemon_thread(_calibrate, engine)
+        self.engine, self.state = engine, "ready"
+        budget = settings.context_tokens or default_context_tokens(
+            engine.context_window, settings.max_tokens)
+        warning = await asyncio.to_thread(plan_warning, engine, budget)
+        return LoadOutcome(True, f"codespec: {engine.target_name} + {engine.draft_name} ready "
+                                 f"on {engine.device}", warning)
