@@ -7,11 +7,16 @@ Steps, all seeded, so a rerun on the same Python gives the same models up to CPU
      the pair a valid speculative pair at all;
   2. the target, a 6-layer Llama, trained by next-token cross-entropy;
   3. the draft, a 2-layer Llama, distilled from the target (KL to the target's distribution plus
-     a little cross-entropy), so that its proposals are the ones the target accepts.
+     a little cross-entropy), half on human-written windows and half on windows the target
+     finished itself, so that its proposals are the ones the target accepts.
 
     python scripts/train_tiny.py --target-steps 320 --draft-steps 160
     python scripts/train_tiny.py --continue-target --target-steps 400 --draft-steps 160
-(the second command trains the same target further and distils a fresh draft from it;
+    python scripts/train_tiny.py --continue-target --target-steps 650 --draft-steps 0
+    python scripts/train_tiny.py --continue-target --target-steps 0 --draft-steps 300
+    python scripts/train_tiny.py --continue-target --target-steps 1000 --target-lr 2e-3 --draft-steps 300
+(a continued phase trains the saved target further and, unless --draft-steps 0, distils a fresh
+draft from it; each phase draws its own windows, seeded by how many phases came before;
 codespec_lsp/models/tiny/TRAINING.json records every phase and its minutes)
 """
 
