@@ -213,6 +213,7 @@ def run_engine_bench(args) -> int:
     engine = load_engine(preset=args.preset, draft=args.draft, target=args.target, device=args.device,
                          dtype=args.dtype, allow_download=args.allow_download,
                          trust_remote_code=args.trust_remote_code)
+    engine.fixed_k = args.fixed_k
     result = engine_bench(engine, corpus=args.corpus, points=args.points, max_tokens=args.max_tokens)
     out = json.dumps(result, indent=2)
     if args.json_path:

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--points", type=int, default=24)
     be.add_argument("--max-tokens", type=int, default=48)
     be.add_argument("--json", dest="json_path", default=None, help="write the JSON here")
+    be.add_argument("--fixed-k", type=int, default=None,
+                    help="pin K instead of adapting it (shows what drafting at a loss buys)")
     bs = bench_sub.add_parser("server", help="replay typing against the real server over stdio")
     _add_model_flags(bs)
     bs.add_argument("--corpus", default=None)

@@ -81,6 +81,17 @@ def test_draft_model_runs_one_forward_per_drafted_token(parts, references):
     assert result.proposed > 0 and result.draft_forwards == result.proposed
 
 
+def test_fixed_k_proposes_k_every_step(parts, references):
+    tok, target, _ = parts
+    engine = make_engine(target, target, tok, drafter="model")
+    engine.fixed_k = 3
+    result = engine.generate(PROMPTS["medium"], max_new_tokens=N_NEW)
+    assert result.tokens == references["medium"]
+    # An identical draft is always right, so every step yields its 3 drafts plus the target's token.
+    assert result.accepted == result.proposed
+    assert result.target_forwards == -(-len(result.tokens) // 4)
+
+
 def test_target_only_runs_one_forward_per_token(parts, references):
     tok, target, draft = parts
     engine = make_engine(target, draft, tok)

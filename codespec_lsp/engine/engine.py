@@ -88,6 +88,9 @@ class Engine:
             self.model_drafter = ModelDrafter(draft, PrefixCache(draft, cache_bytes // 2, prefix_cache),
                                               self.vocab_size, prefill_chunk)
         self.drafter = drafter
+        # None: K adapts (KController). A number pins K for every draft source: for benchmarks
+        # that show what drafting at a loss would buy, never for serving.
+        self.fixed_k: int | None = None
         self.controllers = {
             "ngram": KController(prior_alpha=0.5, prior_cost=0.01),
             "model": KController(prior_alpha=0.6, prior_cost=self._param_ratio()),
@@ -193,7 +196,8 @@ class Engine:
         verify_cost = self._verify_cost()
         for source in sources:
             ctl = self.controllers[source.name]
-            k = min(ctl.choose(self._verify_s.get(1), verify_cost), room)
+            k = self.fixed_k if self.fixed_k is not None else ctl.choose(self._verify_s.get(1), verify_cost)
+            k = min(k, room)
             if k <= 0:
                 continue
             start = time.perf_counter()
