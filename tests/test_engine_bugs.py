@@ -47,3 +47,24 @@ def test_exception_mid_forward_leaves_a_usable_cache():
         handle.remove()
     again = generate_text(engine, prompt, max_new_tokens=10)
     assert again.tokens == expected
+
+
+def test_engine_is_freed_and_its_hooks_removed():
+    """Bug 6 (and 4's engine side): each Engine added forward hooks that held it and were never
+    removed, so a model outliving its engine kept the old engine alive and ran its checks."""
+    import gc
+    import weakref
+
+    tok, target, draft = toy_pair(8)
+    layer = target.model.layers[0]
+    before = len(layer._forward_pre_hooks)
+    engine = make_engine(target, draft, tok)
+    generate_text(engine, "w1 w2", max_new_tokens=3)
+    ref = weakref.ref(engine)
+    gc.disable()  # freed by reference counting: no cycle through the model's hooks
+    try:
+        del engine
+        assert ref() is None
+    finally:
+        gc.enable()
+    assert len(layer._forward_pre_hooks) == before
