@@ -284,7 +284,8 @@ class Engine:
                 room = max_new_tokens - new_count - 1
                 t0 = time.perf_counter()
                 proposal, source_name, draft_s = self._draft(sources, seq, room, sampling, cancel)
-                result.draft_s += time.perf_counter() - t0
+                if sources:  # target-only: no drafting time, however small the call
+                    result.draft_s += time.perf_counter() - t0
                 if is_cancelled():
                     result.cancelled = True
                     break
