@@ -22,6 +22,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
@@ -319,8 +320,8 @@ class Scheduler:
         engine = self.host.engine
         if engine is None:
             return Outcome(None, "not_ready")
-        if self._calibrated is not engine:
-            self._calibrated = engine
+        if self._calibrated is None or self._calibrated() is not engine:
+            self._calibrated = weakref.ref(engine)  # weak: a reload must free the old engine
             if self.host.warmup is not None:
                 self.rhythm.generated(self.host.warmup[1], self.host.warmup[0],
                                       self.host.warmup[2])
@@ -427,11 +428,13 @@ class Scheduler:
     def _context_builder(self, engine: Any, settings: Settings) -> ContextBuilder:
         budget = settings.context_tokens or default_context_tokens(
             engine.context_window, settings.max_tokens)
-        key = (id(engine), budget, settings.other_documents)
-        if self._builder is None or self._builder[0] != key:
-            self._builder = key, ContextBuilder(engine.count_tokens, budget,
+        key = (budget, settings.other_documents)
+        if self._builder is None or self._builder[0] != key or self._builder[2]() is not engine:
+            count = weakref.WeakMethod(engine.count_tokens)  # weak: a reload frees the old engine
+            self._builder = key, ContextBuilder(lambda text: count()(text), budget,
                                                 fim_tokens=engine.fim_tokens,
-                                                other_documents=settings.other_documents)
+                                                other_documents=settings.other_documents), \
+                weakref.ref(engine)
         return self._builder[1]
 
     # ------------------------------------------------------------ reporting
