@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--k", type=int, default=None)
     doctor.add_argument("--acceptance", type=float, default=None)
     doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--launch", choices=["vllm", "llama-server"], default=None,
+                        help="print the command that serves this pair with speculation on that server")
     return parser
 
 

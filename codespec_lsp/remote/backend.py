@@ -294,17 +294,34 @@ class RemoteBackend:
             bos = self._server_bos
         return ([bos] if bos is not None else []) + list(ids)
 
-    _server_bos: int | None = None
+    _server_bos: int | None | bool = False   # False: not asked yet
 
     async def _tokenize(self, text: str) -> list[int]:
         if self.client.info is None:
             await self._probe()
-        if self._server_bos is None:
-            with_special = await self.client._json(
-                "POST", f"{self.client.root}/tokenize", "tokenize",
-                json={"model": self.client.model, "prompt": "", "add_special_tokens": True})
-            self._server_bos = (with_special.get("tokens") or [None])[0]
+        if self._server_bos is False:
+            self._server_bos = await self._find_server_bos()
         return await self.client.tokenize(text)
+
+    async def _find_server_bos(self) -> int | None:
+        """The BOS the in-process engine would add. The server's tokenizer adds it itself for some
+        models; else vLLM's /tokenizer_info (--enable-tokenizer-info-endpoint) names it."""
+        plain = await self.client.tokenize("x")
+        special = await self.client.tokenize("x", add_special_tokens=True)
+        if len(special) == len(plain) + 1 and special[1:] == plain:
+            return special[0]
+        info = await self.client._optional_json(f"{self.client.root}/tokenizer_info")
+        bos = (info or {}).get("bos_token") if isinstance(info, dict) else None
+        if isinstance(bos, dict):
+            bos = bos.get("content")
+        if isinstance(bos, str) and bos:
+            ids = await self.client.tokenize(bos)
+            if len(ids) == 1:
+                return ids[0]
+        log.warning("%s: no local tokenizer and the server does not say which BOS its model "
+                    "expects: prompts go without one, so suggestions may differ from the "
+                    "in-process engine's", self.client.base)
+        return None
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.tokenizer is not None:

@@ -187,15 +187,15 @@ class ServerClient:
 
     # ------------------------------------------------------------ tokens
 
-    async def tokenize(self, text: str) -> list[int]:
-        """The server's own tokenizer, without special tokens (the caller adds BOS)."""
+    async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The server's own tokenizer, by default without special tokens (the caller adds BOS)."""
         if self.info is not None and self.info.kind == "llama-server":
             data = await self._json("POST", f"{self.root}/tokenize", "tokenize",
-                                    json={"content": text, "add_special": False})
+                                    json={"content": text, "add_special": add_special_tokens})
         else:
             data = await self._json("POST", f"{self.root}/tokenize", "tokenize",
                                     json={"model": self.model, "prompt": text,
-                                          "add_special_tokens": False})
+                                          "add_special_tokens": add_special_tokens})
         return [int(t if not isinstance(t, dict) else t["id"]) for t in data["tokens"]]
 
     async def detokenize(self, ids: list[int]) -> str:
