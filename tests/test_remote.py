@@ -154,9 +154,11 @@ def test_cancel_closes_the_stream_and_the_server_stops(how):
         if how == "token":
             cancel.cancel()
             assert list(gen) == []
-        else:
+            assert gen.result.cancelled and gen.result.stop_reason == "cancelled"
+        else:  # the caller stopping (e.g. at the block end) is not a cancel
             gen.close()
-        assert gen.result.cancelled and gen.result.stop_reason == "cancelled"
+            assert not gen.result.cancelled and gen.result.stop_reason == "stop"
+            assert list(gen) == []
         assert gen.result.tokens == got
         assert until(lambda: fake.state.aborted == 1)
         assert fake.state.sent[0] < 100 and fake.state.running == 0
@@ -171,7 +173,7 @@ def test_a_new_request_for_the_same_document_closes_the_old_stream():
         next(first)
         other = b.generate([BOS, 4], max_new_tokens=2, key="file:///b.py")
         second = b.generate([BOS, 3, 4], max_new_tokens=3, key="file:///a.py")
-        assert first.result.cancelled
+        assert first.result.stop_reason == "stop" and list(first) == []
         assert list(second) == next_tokens([BOS, 3, 4], 3)
         assert list(other) == next_tokens([BOS, 4], 2)
         assert until(lambda: fake.state.aborted == 1) and fake.state.finished == 2

@@ -123,7 +123,7 @@ class RemoteGeneration:
         self._cancel = cancel
         self._key = key
         self._queue: queue.Queue = queue.Queue()
-        self._pending: list[int] = []
+        self._pending: list[tuple[int, float]] = []   # (id, logprob) received, not yet taken
         self._done = request is None
         self._started = time.perf_counter()
         self._text = ""
@@ -138,16 +138,21 @@ class RemoteGeneration:
         return self
 
     def __next__(self) -> int:
-        while not self._pending:
+        while True:
+            if self._cancel is not None and self._cancel.cancelled:
+                if self._pending or not self._done:
+                    self._finish("cancelled")
+                raise StopIteration
+            if self._pending:
+                tok, logprob = self._pending.pop(0)
+                self.result.tokens.append(tok)   # the result holds what the caller took
+                self.result.logprobs.append(logprob)
+                return tok
             if self._done:
                 raise StopIteration
             self._step()
-        return self._pending.pop(0)
 
     def _step(self) -> None:
-        if self._cancel is not None and self._cancel.cancelled:
-            self._finish("cancelled")
-            return
         try:
             kind, *payload = self._queue.get(timeout=POLL_S)
         except queue.Empty:
@@ -174,10 +179,8 @@ class RemoteGeneration:
             self._text += text
         stops = self._backend.stop_ids
         kept = [t for t in ids if t not in stops]
-        self._pending.extend(kept)
-        self.result.tokens.extend(kept)
-        self.result.logprobs.extend(logprobs[:len(kept)] if len(logprobs) >= len(kept)
-                                    else [0.0] * len(kept))
+        logprobs = logprobs if len(logprobs) >= len(kept) else [0.0] * len(kept)
+        self._pending.extend(zip(kept, logprobs))
         if ids:
             self.result.target_forwards += 1  # one streamed chunk = one server step
         if finish is not None:
@@ -186,23 +189,28 @@ class RemoteGeneration:
             self._finish("eos")
 
     def _finish(self, reason: str) -> None:
-        if self._done:
+        first, self._done = not self._done, True
+        if reason == "cancelled":
+            self._pending.clear()  # ids received but not taken are dropped
+            self.result.cancelled = True
+        if not first:
+            if reason == "cancelled":
+                self.result.stop_reason = reason
             return
-        self._done = True
         if self._future is not None and not self._future.done():
             self._future.cancel()  # cancels the task: httpx closes the connection, vLLM aborts
-        if reason == "cancelled":
-            self.result.cancelled = True
-        elif reason != "error":
+        if reason not in ("error", "cancelled", "stop"):
             self._backend.health.ok(self._backend.client.base)
         self.result.stop_reason = reason
         self.result.wall_s = time.perf_counter() - self._started
         self._backend.forget(self._key, self)
 
     def close(self) -> None:
-        """Stop now. A generation closed before its natural end counts as cancelled."""
+        """The caller stops here (e.g. the block ended): the stream closes, the server stops, and
+        the result keeps the ids taken so far with stop_reason "stop" (not a cancel)."""
         if not self._done:
-            self._finish("cancelled" if self._future is not None else "error")
+            self._finish("stop" if self._future is not None else "error")
+        self._pending.clear()
 
     def __enter__(self) -> "RemoteGeneration":
         return self
