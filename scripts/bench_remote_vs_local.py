@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     server = backend.refresh_metrics()
     out = {
         "points": len(points), "max_tokens": n, "context_tokens": args.context_tokens,
-        "backend": backend.kind, "remote": backend.client.base, "model": backend.client.model,
+        "backend": backend.kind, "remote_url": backend.client.base, "model": backend.client.model,
         **{name: summary(values) for name, values in walls.items()},
         "same_tokens": same,
         "server_acceptance_rate": server.get("server_acceptance_rate"),

@@ -399,3 +399,15 @@ def test_a_server_without_metrics_reports_none(fake):
     stats = b.refresh_metrics()
     assert stats["server_acceptance_rate"] is None and stats["server_prefix_cache_hit_rate"] is None
     b.close()
+
+
+def test_notices_wait_until_the_server_wires_its_message_channel():
+    fake = FakeServer()
+    url = fake.url
+    fake.stop()
+    b = connect_remote(url, tokenizer=CharTokenizer(), notify=None, backoff_s=(0.0, 0.0))
+    list(b.generate([BOS], max_new_tokens=2))
+    notices = Notices()
+    b.health.set_notify(notices)
+    assert len(notices) == 1 and "refused" in notices[0][1]
+    b.close()

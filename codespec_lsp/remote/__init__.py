@@ -69,23 +69,26 @@ def _server_side_tokenizer(info: ServerInfo) -> Any:
 
 
 def connect_remote(url: str, model: str | None = None, api_key_env: str | None = None, *,
-                   tokenizer: Any = None, notify: Notify = _log_notify,
+                   tokenizer: Any = None, notify: Notify | None = _log_notify,
                    probe: bool = True, backoff_s: tuple[float, float] = (0.5, 8.0),
                    **client_options: Any) -> RemoteBackend:
     """A RemoteBackend for `url` (the OpenAI-compatible base). Raises ModelLoadError only for set-up
     mistakes (a bad URL, an unset key variable); a server that is down is reported through
-    `notify` and retried by itself. `tokenizer`: a local folder with the target's tokenizer
+    `notify` (None: held until `backend.health.set_notify`) and retried by itself. `tokenizer`: a local folder with the target's tokenizer
     (the preset's or settings' target), or a tokenizer object; without it the server's model folder is tried when it is
     on this machine, then the server's /tokenize."""
+    # httpx logs every request at INFO: one line per keystroke in the editor's log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         client = ServerClient(url, model, api_key_from_env(api_key_env), **client_options)
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
-    if api_key_env and not is_loopback(client.base) and client.base.startswith("http:"):
-        notify("error", f"codespec: the API key goes to {client.base} unencrypted; use https://")
     local_tok = _tokenizer_from(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
     backend = RemoteBackend(client, local_tok, notify=notify, backoff_s=backoff_s,
                             tokenizer_loader=None if local_tok is not None else _server_side_tokenizer)
+    if api_key_env and not is_loopback(client.base) and client.base.startswith("http:"):
+        backend.health._tell("error", f"codespec: the API key goes to {client.base} unencrypted; "
+                                      f"use https://")
     if probe:
         try:
             backend.loop.run(backend._probe(), timeout=client.deadline_s)

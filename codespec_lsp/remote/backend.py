@@ -67,11 +67,13 @@ class LoopThread:
 
 
 class Health:
-    """One notice per kind of failure, one when it clears, and back-off while the server is down."""
+    """One notice per kind of failure, one when it clears, and back-off while the server is down.
+    Without a `notify` yet (the server wires it after loading) notices wait in `unsent`."""
 
-    def __init__(self, notify: Notify, backoff_s: tuple[float, float] = (0.5, 8.0),
+    def __init__(self, notify: Notify | None, backoff_s: tuple[float, float] = (0.5, 8.0),
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.notify = notify
+        self.notify: Notify | None = notify
+        self.unsent: list[tuple[str, str]] = []
         self.condition: str | None = None
         self.message: str | None = None
         self._min, self._max = backoff_s
@@ -79,6 +81,17 @@ class Health:
         self._retry_at = 0.0
         self._clock = clock
         self._lock = threading.Lock()
+
+    def set_notify(self, notify: Notify) -> None:
+        self.notify, unsent, self.unsent = notify, self.unsent, []
+        for level, message in unsent:
+            notify(level, message)
+
+    def _tell(self, level: str, message: str) -> None:
+        if self.notify is None:
+            self.unsent.append((level, message))
+        else:
+            self.notify(level, message)
 
     def waiting(self) -> bool:
         """True while backing off: answer empty without a network call."""
@@ -91,7 +104,7 @@ class Health:
             self._pause = self._min if new or not self._pause else min(self._pause * 2, self._max)
             self._retry_at = self._clock() + self._pause
         if new:
-            self.notify("error", problem.message)
+            self._tell("error", problem.message)
         else:
             log.debug("still failing: %s", problem.message)
 
@@ -99,7 +112,7 @@ class Health:
         with self._lock:
             was, self.condition, self.message, self._pause = self.condition, None, None, 0.0
         if was is not None:
-            self.notify("info", f"codespec: {base} answers again")
+            self._tell("info", f"codespec: {base} answers again")
 
 
 def _result(**counts: Any) -> GenerationResult:
@@ -229,7 +242,7 @@ class RemoteBackend:
     supports_heal = False  # the server cannot constrain the first token to a healed prefix
 
     def __init__(self, client: ServerClient, tokenizer: Any = None, *,
-                 notify: Notify = _log_notify, backoff_s: tuple[float, float] = (0.5, 8.0),
+                 notify: Notify | None = _log_notify, backoff_s: tuple[float, float] = (0.5, 8.0),
                  tokenizer_loader: Callable[[ServerInfo], Any] | None = None) -> None:
         self.client = client
         self.tokenizer = tokenizer
