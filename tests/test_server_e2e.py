@@ -462,7 +462,7 @@ async def wait_state_not(client, state: str, limit_s: float = 30) -> dict:
 BENCH_FIELDS = {
     "keystrokes", "answered", "cancelled", "superseded", "typing_through_hits",
     "latency_ms_p50", "latency_ms_p95", "wasted_forward_share", "rss_mb_start", "rss_mb_end",
-    "last_keystroke_answered",
+    "last_keystroke_answered", "backend",
 }
 
 

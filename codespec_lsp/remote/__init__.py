@@ -26,7 +26,7 @@ from codespec_lsp.remote.client import (CONNECT_TIMEOUT_S, DEADLINE_S, READ_TIME
                                         ServerClient, ServerInfo, ServerProblem, is_loopback,
                                         normalize_url)
 
-__all__ = ["connect_remote", "RemoteBackend", "RemoteGeneration", "ServerProblem", "api_key_from_env"]
+__all__ = ["connect_remote", "backend_from_settings", "RemoteBackend", "RemoteGeneration", "ServerProblem", "api_key_from_env"]
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +95,15 @@ def connect_remote(url: str, model: str | None = None, api_key_env: str | None =
         except ServerProblem as problem:
             backend.health.failed(problem)  # told once; the first request probes again
     return backend
+
+
+def backend_from_settings(settings: Any, notify: Notify | None = None) -> RemoteBackend:
+    """The remote backend for Settings with `remote` set (engine_host's loader). The tokenizer:
+    the `target` folder when given, else the preset's target folder, else the server's own."""
+    tokenizer = settings.target
+    if tokenizer is None and settings.preset:
+        from codespec_lsp.engine.models import PRESETS
+        preset = PRESETS.get(settings.preset)
+        tokenizer = preset.target if preset is not None else None
+    return connect_remote(settings.remote, settings.remote_model, settings.api_key_env,
+                          tokenizer=tokenizer, notify=notify)
