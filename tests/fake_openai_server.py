@@ -42,6 +42,7 @@ class FakeState:
     error_message: str = "internal error"
     token_delay_s: float = 0.0
     eos_after: int | None = None       # emit EOS after this many tokens
+    script: list[int] | None = None    # when set, the ids every completion streams (then EOS)
     api_key: str | None = None         # when set, a Bearer key is required
     metrics: str = ""
     requests: list[dict] = field(default_factory=list)
@@ -143,7 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json({"error": {"message": s.error_message}}, s.status)
         prompt = body["prompt"] if isinstance(body["prompt"], list) else fake_tokenize(body["prompt"])
         n = int(body.get("max_tokens", 16))
-        tokens = next_tokens(prompt, n)
+        tokens = next_tokens(prompt, n) if s.script is None else (s.script + [EOS])[:n]
         if s.eos_after is not None and s.eos_after < n:
             tokens = tokens[:s.eos_after] + [EOS]
         self.send_response(200)

@@ -188,3 +188,69 @@ def test_a_model_vllm_does_not_serve_is_told_once(vllm_url):
         assert len(notices) == 1 and "codellama-13b" in notices[0][1] and "tiny" in notices[0][1]
     finally:
         bad.close()
+
+
+# ---------------------------------------------------------------- through complete.py and the LSP
+
+
+def suggestion(backend, key: str, text: str, max_tokens: int = 24) -> str | None:
+    from codespec_lsp.complete import complete_at
+    from codespec_lsp.config import default_context_tokens
+    from codespec_lsp.context import ContextBuilder
+    builder = ContextBuilder(backend.count_tokens,
+                             default_context_tokens(backend.context_window, max_tokens),
+                             fim_tokens=backend.fim_tokens)
+    return complete_at(backend, builder, key, text, len(text), max_tokens=max_tokens)[1]
+
+
+def test_remote_suggestion_equals_local_suggestion_at_several_points(remote, local):
+    for i, text in enumerate(POINTS):
+        assert suggestion(remote, f"file:///s{i}.py", text) == \
+            suggestion(local, f"file:///s{i}.py", text), text
+
+
+async def test_inline_completions_over_stdio_and_superseded_streams_close(vllm_url, local):
+    import asyncio
+
+    from lsprotocol import types
+
+    from lsp_helpers import open_doc, stats
+    from tests.test_remote_lsp import inline, start, stop
+
+    client = await start("--remote", vllm_url, "--target", str(TINY / "target"),
+                         options={"maxTokens": 24})
+    try:
+        st = await stats(client)
+        assert st["backend"] == "vllm"
+        for i, text in enumerate(POINTS):
+            lines = text.split("\n")
+            uri = open_doc(client, f"vllm_{i}.py", text)
+            await asyncio.sleep(1.1)  # a pause, not typing: the full suggestion length
+            assert await inline(client, uri, len(lines) - 1, len(lines[-1])) == \
+                suggestion(local, f"file:///l{i}.py", text), text
+
+        # Twenty keystrokes, each request superseding the last: their streams must close.
+        before = server_counters(vllm_url)["vllm:generation_tokens"]
+        text = POINTS[2]
+        uri = open_doc(client, "vllm_typing.py", text)
+        line, col = text.count("\n"), len(text.split("\n")[-1])
+        pending = []
+        for k in range(20):
+            client.text_document_did_change(types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=k + 2),
+                content_changes=[types.TextDocumentContentChangePartial(
+                    range=types.Range(types.Position(line, col + k), types.Position(line, col + k)),
+                    text="x")]))
+            pending.append(asyncio.ensure_future(inline(client, uri, line, col + k + 1)))
+            await asyncio.sleep(0.03)
+        await asyncio.gather(*pending, return_exceptions=True)
+        end = time.monotonic() + 30
+        while time.monotonic() < end and server_counters(vllm_url)["vllm:num_requests_running"]:
+            await asyncio.sleep(0.2)
+        after = server_counters(vllm_url)
+        assert after["vllm:num_requests_running"] == 0
+        assert after["vllm:generation_tokens"] - before < 20 * 24 / 2
+        st = await stats(client)
+        assert st["server_acceptance_rate"] is not None
+    finally:
+        await stop(client)
