@@ -377,6 +377,8 @@ class Scheduler:
                 del self._jobs[req.key]
         if result is None or result.cancelled:
             return Outcome(None, "superseded", result=result)
+        if result.stop_reason == "error":  # e.g. the server is down: ask again next time
+            return Outcome(None, "error", result=result)
         self.cache.put(req.key, req.source, req.offset, text or "")
         return Outcome(text, "answered", result=result)
 

@@ -109,6 +109,8 @@ class Health:
             log.debug("still failing: %s", problem.message)
 
     def ok(self, base: str) -> None:
+        if self.condition is None:
+            return  # the usual case, once per chunk: no lock
         with self._lock:
             was, self.condition, self.message, self._pause = self.condition, None, None, 0.0
         if was is not None:
@@ -170,6 +172,8 @@ class RemoteGeneration:
             kind, *payload = self._queue.get(timeout=POLL_S)
         except queue.Empty:
             return
+        if kind in ("chunk", "end"):
+            self._backend.health.ok(self._backend.client.base)  # the server answers
         if kind == "chunk":
             self._on_chunk(*payload)
         elif kind == "usage":
@@ -212,8 +216,6 @@ class RemoteGeneration:
             return
         if self._future is not None and not self._future.done():
             self._future.cancel()  # cancels the task: httpx closes the connection, vLLM aborts
-        if reason not in ("error", "cancelled", "stop"):
-            self._backend.health.ok(self._backend.client.base)
         self.result.stop_reason = reason
         self.result.wall_s = time.perf_counter() - self._started
         self._backend.forget(self._key, self)
