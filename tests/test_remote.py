@@ -411,3 +411,15 @@ def test_notices_wait_until_the_server_wires_its_message_channel():
     b.health.set_notify(notices)
     assert len(notices) == 1 and "refused" in notices[0][1]
     b.close()
+
+
+def test_without_a_tokenizer_an_outage_during_tokenize_is_an_empty_answer():
+    fake = FakeServer()
+    b = connect_remote(fake.url, notify=(notices := Notices()), backoff_s=(0.0, 0.0))
+    assert b.tokenizer is None and b.encode("ab")
+    fake.stop()
+    assert b.encode("abc") == []
+    gen = b.generate([], max_new_tokens=4)
+    assert list(gen) == [] and gen.result.stop_reason == "error"
+    assert len(notices) == 1 and "refused" in notices[0][1]
+    b.close()

@@ -313,7 +313,11 @@ class RemoteBackend:
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             bos = self.tokenizer.bos_token_id
         else:
-            ids = self.loop.run(self._tokenize(text), timeout=self.client.deadline_s)
+            try:
+                ids = self.loop.run(self._tokenize(text), timeout=self.client.deadline_s)
+            except ServerProblem as problem:
+                self.health.failed(problem)
+                return []  # generate() answers an empty prompt with an empty generation
             bos = self._server_bos
         return ([bos] if bos is not None else []) + list(ids)
 
@@ -411,7 +415,7 @@ class RemoteBackend:
         if previous is not None:
             previous.close()  # never two requests in flight for one document
         request = None
-        if not self.health.waiting():  # backing off: an empty answer at once, no network call
+        if ids and not self.health.waiting():  # backing off: an empty answer at once, no network
             request = dict(prompt=ids, max_tokens=max_new_tokens, temperature=temperature,
                            top_p=top_p, seed=seed)
         gen = RemoteGeneration(self, ids, request, cancel, key)
