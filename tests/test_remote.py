@@ -423,3 +423,15 @@ def test_without_a_tokenizer_an_outage_during_tokenize_is_an_empty_answer():
     assert list(gen) == [] and gen.result.stop_reason == "error"
     assert len(notices) == 1 and "refused" in notices[0][1]
     b.close()
+
+
+def test_a_flapping_server_is_told_once_not_at_every_flip(fake):
+    notices = Notices()
+    b = backend_for(fake, notices)
+    for _ in range(3):
+        fake.state.mode, fake.state.status = "status", 502
+        assert list(b.generate([BOS], max_new_tokens=2)) == []
+        fake.state.mode = "ok"
+        assert len(list(b.generate([BOS], max_new_tokens=2))) == 2
+    assert [level for level, _ in notices] == ["error", "info"]
+    b.close()

@@ -35,6 +35,7 @@ from codespec_lsp.remote.metrics import server_rates
 log = logging.getLogger(__name__)
 
 POLL_S = 0.01          # how often a waiting generation looks at its cancel token
+RETELL_S = 300.0       # a flapping server: the same trouble is told again only after this
 METRICS_EVERY_S = 2.0  # /metrics is scraped at most this often
 Notify = Callable[[str, str], Any]   # (level "error" | "info", message)
 
@@ -81,6 +82,8 @@ class Health:
         self._retry_at = 0.0
         self._clock = clock
         self._lock = threading.Lock()
+        self._told: dict[str, float] = {}   # condition -> when it was last told
+        self._told_now = False              # the current trouble was told (so tell its end)
 
     def set_notify(self, notify: Notify) -> None:
         self.notify, unsent, self.unsent = notify, self.unsent, []
@@ -98,12 +101,17 @@ class Health:
         return self.condition is not None and self._clock() < self._retry_at
 
     def failed(self, problem: ServerProblem) -> None:
+        now = self._clock()
         with self._lock:
             new = problem.condition != self.condition
             self.condition, self.message = problem.condition, problem.message
             self._pause = self._min if new or not self._pause else min(self._pause * 2, self._max)
-            self._retry_at = self._clock() + self._pause
-        if new:
+            self._retry_at = now + self._pause
+            told = self._told.get(problem.condition)
+            tell = new and (told is None or now - told > RETELL_S)
+            if tell:
+                self._told[problem.condition], self._told_now = now, True
+        if tell:
             self._tell("error", problem.message)
         else:
             log.debug("still failing: %s", problem.message)
@@ -112,8 +120,9 @@ class Health:
         if self.condition is None:
             return  # the usual case, once per chunk: no lock
         with self._lock:
-            was, self.condition, self.message, self._pause = self.condition, None, None, 0.0
-        if was is not None:
+            was_told, self._told_now = self._told_now, False
+            self.condition, self.message, self._pause = None, None, 0.0
+        if was_told:
             self._tell("info", f"codespec: {base} answers again")
 
 

@@ -112,12 +112,12 @@ class ServerClient:
         if code in (401, 403):
             return ServerProblem("auth", f"codespec: {self.base} refused the request (HTTP {code}): "
                                  f"check the API key in the variable named by apiKeyEnv")
-        if code == 404 and what == "completions":
+        if code in (404, 405) and what == "completions":
             if "model" in detail.lower():
                 return ServerProblem("model", self._clean(
                     f"codespec: {self.base} does not serve model {self.model!r}: {detail}"))
             return ServerProblem("no_completions", f"codespec: {self.base} has no /v1/completions "
-                                 f"(HTTP 404): give the OpenAI-compatible base, e.g. http://host:8000/v1")
+                                 f"(HTTP {code}): give the OpenAI-compatible base, e.g. http://host:8000/v1")
         if code == 404 and what == "models":
             return ServerProblem("no_completions", f"codespec: {self.base} is not an OpenAI-compatible "
                                  f"base (GET /models: HTTP 404): give the URL that ends in /v1")
