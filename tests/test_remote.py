@@ -435,3 +435,13 @@ def test_a_flapping_server_is_told_once_not_at_every_flip(fake):
         assert len(list(b.generate([BOS], max_new_tokens=2))) == 2
     assert [level for level, _ in notices] == ["error", "info"]
     b.close()
+
+
+def test_finished_streams_are_read_to_the_end_and_keep_the_connection(fake):
+    b = backend_for(fake)
+    for _ in range(3):
+        gen = b.generate([BOS, 6], max_new_tokens=3)
+        assert len(list(gen)) == 3 and gen.result.stop_reason == "max_tokens"
+    assert fake.state.aborted == 0 and fake.state.finished == 3
+    assert gen.result.reused_tokens == 0 and gen.result.prefill_tokens == 2  # from the usage chunk
+    b.close()

@@ -151,6 +151,7 @@ class RemoteGeneration:
         self._done = request is None
         self._started = time.perf_counter()
         self._text = ""
+        self._ended: str | None = None   # the server's finish reason; its stream is read to the end
         self._future: concurrent.futures.Future | None = None
         if request is None:
             self.result.stop_reason = "error"
@@ -193,10 +194,11 @@ class RemoteGeneration:
                 self.result.reused_tokens = int(cached)
                 self.result.prefill_tokens = max(int(usage.get("prompt_tokens", 0)) - int(cached), 0)
         elif kind == "end":
-            self._finish(payload[0])
+            self._finish(self._ended or payload[0])
         elif kind == "fail":
-            self._backend.health.failed(payload[0])
-            self._finish("error")
+            if self._ended is None:  # a stream that broke after its last token is not a failure
+                self._backend.health.failed(payload[0])
+            self._finish(self._ended or "error")
 
     def _on_chunk(self, ids: list[int] | None, logprobs: list[float], text: str,
                   finish: str | None) -> None:
@@ -209,10 +211,12 @@ class RemoteGeneration:
         self._pending.extend(zip(kept, logprobs))
         if ids:
             self.result.target_forwards += 1  # one streamed chunk = one server step
+        # Not finished yet: the usage chunk and [DONE] follow, and reading them lets httpx keep
+        # the connection for the next request (a new TLS handshake per keystroke otherwise).
         if finish is not None:
-            self._finish({"length": "max_tokens", "stop": "eos"}.get(finish, finish))
+            self._ended = {"length": "max_tokens", "stop": "eos"}.get(finish, finish)
         elif len(kept) < len(ids):
-            self._finish("eos")
+            self._ended = "eos"
 
     def _finish(self, reason: str) -> None:
         first, self._done = not self._done, True
