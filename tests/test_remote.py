@@ -445,3 +445,17 @@ def test_finished_streams_are_read_to_the_end_and_keep_the_connection(fake):
     assert fake.state.aborted == 0 and fake.state.finished == 3
     assert gen.result.reused_tokens == 0 and gen.result.prefill_tokens == 2  # from the usage chunk
     b.close()
+
+
+def test_prefill_counts_follow_the_documents_last_prompt_until_the_server_says(fake):
+    fake.state.token_delay_s = 0.02
+    b = backend_for(fake)
+    first = b.generate([BOS] + list(range(10, 60)), max_new_tokens=100, key="doc")
+    next(first)
+    assert (first.result.reused_tokens, first.result.prefill_tokens) == (0, 51)
+    first.close()  # closed early: no usage chunk, the estimate stays
+    second = b.generate([BOS] + list(range(10, 61)), max_new_tokens=100, key="doc")
+    next(second)
+    assert (second.result.reused_tokens, second.result.prefill_tokens) == (51, 1)
+    second.close()
+    b.close()

@@ -156,7 +156,11 @@ class RemoteGeneration:
         if request is None:
             self.result.stop_reason = "error"
             return
-        self.result.prefill_tokens = len(ids)
+        # What the server's prefix cache probably holds (the document's last prompt), until its
+        # usage chunk says (vLLM with --enable-prompt-tokens-details): the rhythm model and the
+        # stats tell a keystroke (few new tokens) from a cold file this way.
+        reused = backend.remember_prompt(key, ids)
+        self.result.reused_tokens, self.result.prefill_tokens = reused, len(ids) - reused
         self._future = backend.loop.submit(backend.pump(request, self._queue))
 
     def __iter__(self) -> Iterator[int]:
@@ -265,6 +269,7 @@ class RemoteBackend:
         self.loop = LoopThread()
         self._tokenizer_loader = tokenizer_loader
         self._open: dict[str, RemoteGeneration] = {}
+        self._last_prompt: dict[str, list[int]] = {}   # key -> ids last sent (insertion = age)
         self._open_lock = threading.Lock()
         self._metrics: dict[str, Any] = {}
         self._metrics_at = 0.0
@@ -443,6 +448,22 @@ class RemoteBackend:
         if len(ids) <= room or room < 2:
             return ids
         return ids[:1] + ids[len(ids) - room + 1:]
+
+    def remember_prompt(self, key: str | None, ids: list[int]) -> int:
+        """Length of the head `ids` shares with the last prompt sent for `key` (then remembers it)."""
+        if key is None:
+            return 0
+        with self._open_lock:
+            last = self._last_prompt.pop(key, [])
+            self._last_prompt[key] = ids
+            while len(self._last_prompt) > 64:  # a bounded memory: the oldest documents go first
+                self._last_prompt.pop(next(iter(self._last_prompt)))
+        n = 0
+        for a, b in zip(last, ids):
+            if a != b:
+                break
+            n += 1
+        return n
 
     def forget(self, key: str | None, gen: RemoteGeneration) -> None:
         if key is None:
