@@ -110,14 +110,18 @@ async def test_suggestions_come_from_the_server_and_an_outage_is_told_once():
         fake.stop()
 
 
-async def test_settings_switch_the_server_without_a_restart():
+async def test_settings_switch_between_local_and_servers_without_a_restart():
     with FakeServer(FakeState(kind="vllm")) as one, FakeServer(FakeState(kind="llama-server")) as two:
-        client = await start("--target", TINY_TARGET, options={"remote": one.url})
+        client = await start("--preset", "tiny", "--device", "cpu")
         try:
-            assert (await stats(client))["backend"] == "vllm"
-            client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
-                settings={"codespec": {"remote": two.url}}))
-            assert await until(lambda: stats_backend(client, "llama-server"))
+            assert (await stats(client))["backend"] == "local"
+            for settings, backend in (({"remote": one.url}, "vllm"),
+                                      ({"remote": two.url}, "llama-server"),
+                                      ({"remote": None}, "local")):
+                client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+                    settings={"codespec": settings}))
+                assert await until(lambda: stats_backend(client, backend), 60), backend
+            assert client.errors() == []
         finally:
             await stop(client)
 
