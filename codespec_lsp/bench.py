@@ -31,7 +31,8 @@ import torch
 from codespec_lsp.config import default_context_tokens
 from codespec_lsp.context import ContextBuilder
 from codespec_lsp.engine import hf
-from codespec_lsp.engine.api import CancelToken
+from codespec_lsp.complete import run
+from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine.engine import Engine
 
 HELD_OUT = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus"
@@ -108,6 +109,14 @@ def forward_ms(model, context: int = 512, reps: int = 10) -> float:
     return statistics.median(times) * 1000
 
 
+def _gen(engine: Engine, prompt: str, **options) -> GenerationResult:
+    return run(engine.generate(engine.encode(prompt), **options))
+
+
+def _prefill(engine: Engine, prompt: str) -> GenerationResult:
+    return engine.prefill(engine.encode(prompt))
+
+
 def measure_pair(engine: Engine, points: int = 8) -> dict:
     """Acceptance of the draft model alone and its cost ratio, measured on the held-out corpus.
     Used by `doctor` when both models load."""
@@ -115,7 +124,7 @@ def measure_pair(engine: Engine, points: int = 8) -> dict:
         raise ValueError("this engine has no draft model to measure")
     proposed = accepted = 0
     for prompt in completion_points(corpus_files(None), points, engine, seed=1):
-        r = engine.generate(prompt, max_new_tokens=32, drafter="model")
+        r = _gen(engine, prompt, max_new_tokens=32, drafter="model")
         proposed, accepted = proposed + r.proposed, accepted + r.accepted
     draft_ms, target_ms = forward_ms(engine.draft_model), forward_ms(engine.target_model)
     return {"acceptance_rate": accepted / proposed if proposed else 0.0,
@@ -133,8 +142,8 @@ def typing_replay(engine: Engine, text: str, at: int, keystrokes: int) -> list[i
     def prompt(typed: int) -> str:
         return builder.build("replay", text[:at + typed] + rest, at + typed).text
 
-    engine.prefill(prompt(0))  # the file was open before typing started
-    return [engine.generate(prompt(i), max_new_tokens=4).prefill_tokens
+    _prefill(engine, prompt(0))  # the file was open before typing started
+    return [_gen(engine, prompt(i), max_new_tokens=4).prefill_tokens
             for i in range(1, keystrokes + 1)]
 
 
@@ -144,7 +153,7 @@ def cancel_latencies(engine: Engine, prompts: list[str], trials: int, seed: int 
     for i in range(trials):
         token, done = CancelToken(), threading.Event()
         worker = threading.Thread(target=lambda p=prompts[i % len(prompts)]: (
-            engine.generate(p, max_new_tokens=200, cancel=token), done.set()))
+            _gen(engine, p, max_new_tokens=200, cancel=token), done.set()))
         worker.start()
         time.sleep(rng.uniform(0.0, 0.15))
         cancelled_at = time.perf_counter()
@@ -159,18 +168,18 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
                  max_tokens: int = 48, keystrokes: int = 40, cancel_trials: int = 20) -> dict:
     files = corpus_files(corpus)
     prompts = completion_points(files, points, engine)
-    engine.generate(prompts[0], max_new_tokens=8)  # first-call allocations out of the timings
+    _gen(engine, prompts[0], max_new_tokens=8)  # first-call allocations out of the timings
     engine.target_forward_s.clear()
     lossless = True
     wall = {"target": 0.0, "spec": 0.0}
     proposed = accepted = spec_tokens = spec_forwards = 0
     for i, prompt in enumerate(prompts):
-        engine.prefill(prompt)  # prompt in both caches for both runs: decode against decode
+        _prefill(engine, prompt)  # prompt in both caches for both runs: decode against decode
         runs = {}
         for mode in (("target", "spec") if i % 2 == 0 else ("spec", "target")):
-            runs[mode] = engine.generate(prompt, max_new_tokens=max_tokens, speculative=(mode == "spec"))
+            runs[mode] = _gen(engine, prompt, max_new_tokens=max_tokens, speculative=(mode == "spec"))
             wall[mode] += runs[mode].wall_s
-        lossless &= runs["spec"].text == runs["target"].text
+        lossless &= runs["spec"].tokens == runs["target"].tokens
         proposed += runs["spec"].proposed
         accepted += runs["spec"].accepted
         spec_tokens += len(runs["spec"].tokens)
@@ -189,7 +198,7 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
     engine.set_prefix_cache(True)
 
     for prompt in prompts[:cancel_trials]:
-        engine.prefill(prompt)  # steady typing: the prompt is cached, the cancel lands in decoding
+        _prefill(engine, prompt)  # steady typing: the prompt is cached, the cancel lands in decoding
     latencies = cancel_latencies(engine, prompts, cancel_trials)
     return {
         "preset": engine.preset,

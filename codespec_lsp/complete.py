@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from codespec_lsp.context import ContextBuilder
@@ -27,20 +27,90 @@ def split_line(source: str, offset: int) -> tuple[str, str, str]:
     return source[start:offset], source[offset:end if end != -1 else len(source)], prev
 
 
-def complete_at(engine, builder: ContextBuilder, key: str, source: str, offset: int, *,
+class Detokenizer:
+    """Text of new ids, decoded with a few prompt ids in front: decoders such as CodeLlama's strip
+    the leading space of the first token, so new ids are never decoded on their own."""
+
+    CONTEXT = 4
+
+    def __init__(self, tokenizer, prompt_ids: Sequence[int]) -> None:
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        self.tokenizer = tokenizer
+        self.context = [t for t in prompt_ids if t not in special][-self.CONTEXT:]
+        self.head = self._decode(self.context)
+        self.ids: list[int] = []
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token: int) -> str:
+        """All new text so far (a multi-byte character split across tokens waits for its end)."""
+        self.ids.append(token)
+        return self.text
+
+    @property
+    def text(self) -> str:
+        full = self._decode(self.context + self.ids)
+        new = full[len(self.head):] if full.startswith(self.head) else self._decode(self.ids)
+        return new.rstrip("\ufffd")
+
+
+def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
+    """(the prompt's ids with BOS, the text `heal` removed for token healing: "" when none)."""
+    return backend.encode(prompt), ""
+
+
+def run(gen, tokenizer=None, prompt: Sequence[int] = (), stop: Sequence[str] = (),
+        stop_fn: Callable[[str], int | None] | None = None) -> GenerationResult:
+    """Drain a Generation (benches, calibration). With a tokenizer, the text is decoded and cut at
+    the first stop string or where `stop_fn` says, closing the generation there."""
+    detok = Detokenizer(tokenizer, prompt) if tokenizer is not None else None
+    try:
+        for tok in gen:
+            if detok is None:
+                continue
+            text = detok.add(tok)
+            cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+            cut = stop_fn(text) if stop_fn is not None else None
+            if cut is not None:
+                cuts.append(cut)
+            if cuts:
+                gen.result.text = text[:min(cuts)]
+                gen.close()
+                gen.result.stop_reason = "stop"
+                return gen.result
+    finally:
+        gen.close()
+    if detok is not None:
+        gen.result.text = detok.text
+    return gen.result
+
+
+def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset: int, *,
                 max_tokens: int, cancel: CancelToken | None = None, speculative: bool = True,
-                others: Sequence[tuple[str, str]] = (), **generate_options
-                ) -> tuple[GenerationResult, str | None]:
-    """(the engine's result with its counts, the text to show or None when there is nothing)."""
+                others: Sequence[tuple[str, str]] = (), min_confidence: float | None = None,
+                **generate_options) -> tuple[GenerationResult, str | None]:
+    """(the backend's result with its counts, the text to show or None when there is nothing)."""
     prompt = builder.build(key, source, offset, others)
     line_prefix, line_suffix, prev_line = split_line(source, offset)
     mode = decide_mode(line_prefix, line_suffix, prev_line)
-    result = engine.generate(prompt.text, max_new_tokens=max_tokens, cancel=cancel,
-                             stop_fn=lambda text: block_end(text, mode), speculative=speculative,
-                             lookup_text=prompt.lookup_text, **generate_options)
+    ids, heal = prompt_ids(backend, prompt.text)
+    lookup = backend.encode(prompt.lookup_text) if prompt.lookup_text else []
+    gen = backend.generate(ids, max_new_tokens=max_tokens, cancel=cancel, speculative=speculative,
+                           key=key, lookup_ids=lookup, heal=heal, **generate_options)
+    result = run(gen, backend.tokenizer, ids, stop_fn=lambda text: block_end(text, mode))
     if result.cancelled:
         return result, None
     return result, finalize(result.text, line_prefix, prompt.suffix, mode)
+
+
+def prefill_at(backend, builder: ContextBuilder, key: str, source: str, offset: int,
+               others: Sequence[tuple[str, str]] = (), cancel: CancelToken | None = None
+               ) -> GenerationResult:
+    """Warm-up (a file opened, an idle pause): the prompt a completion here would send, prefilled."""
+    prompt = builder.build(key, source, offset, others)
+    ids, _ = prompt_ids(backend, prompt.text)
+    return backend.prefill(ids, key=key, cancel=cancel)
 
 
 def offset_of(source: str, line: int, col: int) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from codespec_lsp.complete import run
 from codespec_lsp.config import Settings, default_context_tokens
 from codespec_lsp.engine.api import ModelLoadError
 
@@ -92,8 +93,8 @@ def _calibrate(engine: Any) -> tuple[int, float, int] | None:
     first keystrokes are planned with a measured speed (and the kernels are warm)."""
     try:
         text = Path(__file__).with_name("context.py").read_text(encoding="utf-8")[:5000]
-        engine.generate(text, max_new_tokens=1)           # cold prefill, not a keystroke
-        r = engine.generate(text + "\n", max_new_tokens=12)  # what a keystroke costs
+        run(engine.generate(engine.encode(text), max_new_tokens=1))  # cold prefill, not a keystroke
+        r = run(engine.generate(engine.encode(text + "\n"), max_new_tokens=12))  # a keystroke's cost
         return len(r.tokens), r.wall_s, r.prefill_tokens
     except Exception:
         log.debug("calibration failed", exc_info=True)

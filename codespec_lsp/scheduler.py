@@ -32,7 +32,7 @@ from codespec_lsp.config import Settings, default_context_tokens
 from codespec_lsp.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine_host import EngineHost
-from codespec_lsp.complete import complete_at, split_line  # noqa: F401 - split_line re-exported
+from codespec_lsp.complete import complete_at, prefill_at, split_line  # noqa: F401 - split_line re-exported
 
 log = logging.getLogger(__name__)
 
@@ -430,10 +430,9 @@ class Scheduler:
     def _warm(self, engine: Any, job: _Job, req: CompletionRequest, settings: Settings) -> None:
         if job.cancel.cancelled:
             return
-        prompt = self._context_builder(engine, settings).build(req.key, req.source, req.offset,
-                                                               req.others)
         try:
-            engine.prefill(prompt.text, cancel=job.cancel)
+            prefill_at(engine, self._context_builder(engine, settings), req.key, req.source,
+                       req.offset, req.others, cancel=job.cancel)
         except Exception:
             log.debug("warm prefill failed", exc_info=True)  # only an optimisation
 

@@ -1,7 +1,7 @@
 """A deterministic stand-in for the engine (no torch) that honours its contract.
 
 It "generates" a scripted continuation a few pieces per simulated forward pass, checks the cancel
-token between forwards, applies `stop` / `stop_fn`, and returns a GenerationResult with counts.
+token between forwards and yields ids through a Generation whose result keeps the counts.
 A `gate` lets a test hold the engine between forwards to cancel it at a known point, without
 timing assumptions.
 
@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable
 
-from codespec_lsp.engine.api import CancelToken, GenerationResult
+from codespec_lsp.engine.api import CancelToken, Generation, GenerationResult
 
 _PIECE = re.compile(r"\w+|\s|[^\w\s]")
 
@@ -34,11 +34,36 @@ def default_script(prompt: str) -> str:
     return "value + 1\nnext_line()\n"
 
 
+class FakeTokenizer:
+    """Pieces (words, single spaces, punctuation) as ids, numbered as they are first seen."""
+    bos_token_id = None
+    eos_token_id = None
+    all_special_ids: list[int] = []
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.index: dict[str, int] = {}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = []
+        for piece in _PIECE.findall(text):
+            if piece not in self.index:
+                self.index[piece] = len(self.pieces)
+                self.pieces.append(piece)
+            ids.append(self.index[piece])
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(self.pieces[i] for i in ids)
+
+
 class FakeEngine:
+    kind = "local"
     preset = "fake"
     draft_name = "fake-draft"
     target_name = "fake-target"
     device = "cpu"
+    supports_heal = False
 
     def __init__(self, script: Callable[[str], str] = default_script, *,
                  tokens_per_forward: int = 3, forward_s: float = 0.0,
@@ -50,6 +75,9 @@ class FakeEngine:
         self.gate = gate
         self.context_window = context_window
         self.fim_tokens = fim_tokens
+        self.tokenizer = FakeTokenizer()
+        self.stop_ids: set[int] = set()
+        self.reported_s_per_token: float | None = None
         self.calls = 0
         self.prompts: list[str] = []
         self.prefills: list[str] = []
@@ -57,70 +85,67 @@ class FakeEngine:
         self.started = threading.Event()  # set when a generate() call is in its first forward
         self._lock = threading.Lock()      # the real engine is not thread-safe: catch misuse
 
-    def prefill(self, prompt: str, cancel: CancelToken | None = None) -> int:
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def prefill(self, ids: list[int], *, key: str | None = None,
+                cancel: CancelToken | None = None) -> GenerationResult:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("FakeEngine.prefill called concurrently")
         try:
-            self.prefills.append(prompt)
-            return self.count_tokens(prompt)
+            self.prefills.append(self.tokenizer.decode(ids))
+            return GenerationResult(prefill_tokens=len(ids))
         finally:
             self._lock.release()
 
     def count_tokens(self, text: str) -> int:
         return len(_PIECE.findall(text))
 
-    def generate(self, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.0,
-                 top_p: float = 1.0, stop=(), stop_fn=None, cancel: CancelToken | None = None,
-                 speculative: bool = True, lookup_text: str = "") -> GenerationResult:
+    def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
+                 speculative: bool = True, key: str | None = None, lookup_ids=(), heal: str = "",
+                 **_) -> Generation:
+        res = GenerationResult()
+        return Generation(self._steps(self.tokenizer.decode(ids), max_new_tokens, cancel, res), res)
+
+    def _steps(self, prompt, max_new_tokens, cancel, res):
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("FakeEngine.generate called concurrently")
-        try:
-            return self._generate(prompt, max_new_tokens, stop, stop_fn, cancel)
-        finally:
-            self._lock.release()
-
-    def _generate(self, prompt, max_new_tokens, stop, stop_fn, cancel) -> GenerationResult:
         t0 = time.perf_counter()
-        self.calls += 1
-        self.prompts.append(prompt)
-        self.max_tokens_seen.append(max_new_tokens)
-        pieces = _PIECE.findall(self.script(prompt))[:max_new_tokens]
-        # Like the engine's prefix cache: only what differs from the previous prompt is prefilled.
-        last = self.prompts[-2] if len(self.prompts) > 1 else ""
-        common = len(os.path.commonprefix([last, prompt]))
-        res = GenerationResult(text="", tokens=[], stop_reason="max_tokens", cancelled=False,
-                               prefill_tokens=self.count_tokens(prompt[common:]) + 1,
-                               reused_tokens=self.count_tokens(prompt[:common]))
-        out: list[str] = []
-        self.started.set()
-        while len(out) < len(pieces):
-            if cancel is not None and cancel.cancelled:
-                res.cancelled, res.stop_reason = True, "cancelled"
-                break
-            # A forward pass "runs" here: a test holding the gate holds the engine mid-forward.
-            if self.gate is not None:
-                self.gate.wait(timeout=10)
-            if self.forward_s:
-                time.sleep(self.forward_s)
-            step = pieces[len(out):len(out) + self.tokens_per_forward]
-            res.target_forwards += 1
-            res.draft_forwards += len(step)
-            res.proposed += len(step)
-            res.accepted += len(step) - 1
-            out.extend(step)
-            text = "".join(out)
-            cut = stop_fn(text) if stop_fn is not None else None
-            for s in stop:
-                if s in text:
-                    cut = min(cut if cut is not None else len(text), text.index(s))
-            if cut is not None:
-                out = [text[:cut]]
-                res.stop_reason = "stop"
-                break
-        res.text = "".join(out)
-        res.tokens = list(range(self.count_tokens(res.text)))
-        res.wall_s = time.perf_counter() - t0
-        return res
+        try:
+            self.calls += 1
+            self.prompts.append(prompt)
+            self.max_tokens_seen.append(max_new_tokens)
+            pieces = self.tokenizer.encode(self.script(prompt))[:max_new_tokens]
+            # Like the engine's prefix cache: only what differs from the previous prompt is prefilled.
+            last = self.prompts[-2] if len(self.prompts) > 1 else ""
+            common = len(os.path.commonprefix([last, prompt]))
+            res.prefill_tokens = self.count_tokens(prompt[common:]) + 1
+            res.reused_tokens = self.count_tokens(prompt[:common])
+            self.started.set()
+            while len(res.tokens) < len(pieces):
+                if cancel is not None and cancel.cancelled:
+                    res.cancelled, res.stop_reason = True, "cancelled"
+                    break
+                # A forward pass "runs" here: a test holding the gate holds the engine mid-forward.
+                if self.gate is not None:
+                    self.gate.wait(timeout=10)
+                if self.forward_s:
+                    time.sleep(self.forward_s)
+                step = pieces[len(res.tokens):len(res.tokens) + self.tokens_per_forward]
+                res.target_forwards += 1
+                res.draft_forwards += len(step)
+                res.proposed += len(step)
+                res.accepted += len(step) - 1
+                for tok in step:
+                    res.tokens.append(tok)
+                    res.logprobs.append(0.0)
+                    yield tok
+        finally:
+            res.wall_s = time.perf_counter() - t0
+            if self.reported_s_per_token is not None:  # report slower than it ran (timing tests)
+                res.wall_s = self.reported_s_per_token * (len(res.tokens) + 1)
+            self._lock.release()
 
 
 def main() -> int:

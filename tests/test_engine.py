@@ -12,7 +12,7 @@ import torch
 
 from codespec_lsp.engine.api import CancelToken
 from codespec_lsp.engine.kvcache import PrefixCache
-from engine_helpers import (CORPUS, make_engine, random_draft_like, reference_greedy, tiny_parts,
+from engine_helpers import (generate_text, prefill_text, CORPUS, make_engine, random_draft_like, reference_greedy, tiny_parts,
                             toy_pair)
 
 pytestmark = pytest.mark.slow
@@ -58,8 +58,8 @@ def test_greedy_equals_target_generate(parts, references, draft_kind, reuse):
     totals = Counter()
     for name, prompt in PROMPTS.items():
         if reuse:  # warm the cache with a shorter version of the same text first
-            engine.generate(prompt[: len(prompt) * 2 // 3], max_new_tokens=4)
-        result = engine.generate(prompt, max_new_tokens=N_NEW)
+            generate_text(engine, prompt[: len(prompt) * 2 // 3], max_new_tokens=4)
+        result = generate_text(engine, prompt, max_new_tokens=N_NEW)
         assert result.tokens == references[name], (draft_kind, name)
         assert not result.cancelled
         assert (result.reused_tokens > 0) == reuse
@@ -75,8 +75,8 @@ def test_draft_model_runs_one_forward_per_drafted_token(parts, references):
     # a separate catch-up forward per step would make the draft cost k + 1 forwards for k tokens.
     tok, target, _ = parts
     engine = make_engine(target, target, tok, drafter="model")
-    engine.prefill(PROMPTS["medium"])
-    result = engine.generate(PROMPTS["medium"], max_new_tokens=N_NEW)
+    prefill_text(engine, PROMPTS["medium"])
+    result = generate_text(engine, PROMPTS["medium"], max_new_tokens=N_NEW)
     assert result.tokens == references["medium"]
     assert result.proposed > 0 and result.draft_forwards == result.proposed
 
@@ -85,7 +85,7 @@ def test_fixed_k_proposes_k_every_step(parts, references):
     tok, target, _ = parts
     engine = make_engine(target, target, tok, drafter="model")
     engine.fixed_k = 3
-    result = engine.generate(PROMPTS["medium"], max_new_tokens=N_NEW)
+    result = generate_text(engine, PROMPTS["medium"], max_new_tokens=N_NEW)
     assert result.tokens == references["medium"]
     # An identical draft is always right, so every step yields its 3 drafts plus the target's token.
     assert result.accepted == result.proposed
@@ -95,7 +95,7 @@ def test_fixed_k_proposes_k_every_step(parts, references):
 def test_target_only_runs_one_forward_per_token(parts, references):
     tok, target, draft = parts
     engine = make_engine(target, draft, tok)
-    result = engine.generate(PROMPTS["medium"], max_new_tokens=N_NEW, speculative=False)
+    result = generate_text(engine, PROMPTS["medium"], max_new_tokens=N_NEW, speculative=False)
     assert result.tokens == references["medium"]
     assert result.target_forwards == len(result.tokens) and result.draft_forwards == 0
     assert result.proposed == 0
@@ -116,7 +116,7 @@ def test_sampling_follows_target_distribution():
             for b in range(6):
                 exact[(a, b)] = float(first[a] * second[b])
     trials = 3000
-    counts = Counter(tuple(engine.generate(prompt, max_new_tokens=2, temperature=1.0, seed=s).tokens)
+    counts = Counter(tuple(generate_text(engine, prompt, max_new_tokens=2, temperature=1.0, seed=s).tokens)
                      for s in range(trials))
     assert sum(counts.values()) == trials and all(len(k) == 2 for k in counts)
     # Pearson chi-square over the 36 outcomes (cells with tiny expectation pooled).
@@ -137,10 +137,10 @@ def test_one_character_more_prefills_only_a_few_tokens(parts):
     tok, target, draft = parts
     engine = make_engine(target, draft, tok)
     text = SOURCE[:5000]
-    engine.generate(text, max_new_tokens=4)
+    generate_text(engine, text, max_new_tokens=4)
     for extra in "def wrap(":
         text += extra
-        result = engine.generate(text, max_new_tokens=4)
+        result = generate_text(engine, text, max_new_tokens=4)
         assert result.reused_tokens > 500
         assert result.prefill_tokens <= 4, (extra, result.prefill_tokens)
 
@@ -150,8 +150,8 @@ def test_cache_reuse_matches_cold_start(parts):
     warm = make_engine(target, draft, tok)
     cold = make_engine(target, draft, tok, prefix_cache=False)
     for cut in (2000, 2400, 1800, 3000):  # extend, branch back, extend again
-        a = warm.generate(SOURCE[:cut], max_new_tokens=12)
-        b = cold.generate(SOURCE[:cut], max_new_tokens=12)
+        a = generate_text(warm, SOURCE[:cut], max_new_tokens=12)
+        b = generate_text(cold, SOURCE[:cut], max_new_tokens=12)
         assert a.tokens == b.tokens
         assert b.reused_tokens == 0
     assert a.reused_tokens > 0
@@ -164,15 +164,15 @@ def test_prefix_cache_byte_bound_evicts(parts):
     engine = make_engine(target, None, tok)
     one = engine.target_cache
     for i, text in enumerate((SOURCE[:1500], SOURCE[3000:4500], SOURCE[6000:7500])):
-        engine.generate(text, max_new_tokens=2)
+        generate_text(engine, text, max_new_tokens=2)
     assert len(one) == 3
     per_entry = one.nbytes // 3
     small = make_engine(target, None, tok, cache_bytes=int(per_entry * 2.5))
     for text in (SOURCE[:1500], SOURCE[3000:4500], SOURCE[6000:7500]):
-        small.generate(text, max_new_tokens=2)
+        generate_text(small, text, max_new_tokens=2)
     assert len(small.target_cache) == 2 and small.target_cache.nbytes <= small.target_cache.max_bytes
     # the oldest went first: its text now starts cold
-    assert small.generate(SOURCE[:1500], max_new_tokens=2).reused_tokens == 0
+    assert generate_text(small, SOURCE[:1500], max_new_tokens=2).reused_tokens == 0
     assert reused == 0 and cache.acquire([1, 2, 3])[1] == 0
     cache.release([1, 2, 3], kv)
     assert len(cache) == 0  # an entry bigger than the whole budget is not kept
@@ -196,11 +196,11 @@ class CancelAfter(CancelToken):
 def test_cancel_mid_generation_keeps_caches_valid(parts, references, after):
     tok, target, draft = parts
     engine = make_engine(target, draft, tok)
-    result = engine.generate(PROMPTS["long"], max_new_tokens=N_NEW, cancel=CancelAfter(after))
+    result = generate_text(engine, PROMPTS["long"], max_new_tokens=N_NEW, cancel=CancelAfter(after))
     assert result.cancelled and result.stop_reason == "cancelled"
     assert result.tokens == references["long"][:len(result.tokens)]
     assert len(result.tokens) < N_NEW
-    again = engine.generate(PROMPTS["long"], max_new_tokens=N_NEW)
+    again = generate_text(engine, PROMPTS["long"], max_new_tokens=N_NEW)
     assert again.tokens == references["long"]
     assert not again.cancelled
     # Prefill chunks that completed before the cancel stay cached; a forward stopped between
@@ -214,7 +214,7 @@ def test_cancel_from_another_thread_returns(parts):
     token = CancelToken()
     out = {}
     worker = threading.Thread(target=lambda: out.setdefault(
-        "r", engine.generate(PROMPTS["long"], max_new_tokens=400, cancel=token)))
+        "r", generate_text(engine, PROMPTS["long"], max_new_tokens=400, cancel=token)))
     worker.start()
     token.cancel()
     worker.join(timeout=60)
@@ -227,7 +227,7 @@ def test_stops_on_stop_string_and_stop_fn(parts, references):
     full = tok.decode(references["medium"])
     assert len(full) > 6
     marker = full[3:6]
-    result = engine.generate(PROMPTS["medium"], max_new_tokens=N_NEW, stop=[marker])
+    result = generate_text(engine, PROMPTS["medium"], max_new_tokens=N_NEW, stop=[marker])
     assert result.stop_reason == "stop" and result.text == full[:full.find(marker)]
-    cut = engine.generate(PROMPTS["medium"], max_new_tokens=N_NEW, stop_fn=lambda t: 2 if len(t) > 4 else None)
+    cut = generate_text(engine, PROMPTS["medium"], max_new_tokens=N_NEW, stop_fn=lambda t: 2 if len(t) > 4 else None)
     assert cut.stop_reason == "stop" and cut.text == full[:2] and len(cut.tokens) < N_NEW

@@ -198,10 +198,9 @@ def test_slow_typing_stretch_is_capped_and_pauses_ignored():
 class SlowFake(FakeEngine):
     """Reports generations slower than the typing gap (without really taking that long)."""
 
-    def generate(self, *a, **k):
-        res = super().generate(*a, **k)
-        res.wall_s = 0.05 * (len(res.tokens) + 1)
-        return res
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.reported_s_per_token = 0.05
 
 
 async def test_steady_fast_typing_spends_no_forwards_between_keystrokes():
@@ -230,10 +229,9 @@ async def test_steady_fast_typing_spends_no_forwards_between_keystrokes():
 
 async def test_moderate_typing_gets_suggestions_cut_to_fit_the_gap():
     class TenMsPerToken(FakeEngine):
-        def generate(self, *a, **k):
-            res = super().generate(*a, **k)
-            res.wall_s = 0.01 * (len(res.tokens) + 1)
-            return res
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.reported_s_per_token = 0.01
 
     clock = FakeClock()
     eng = TenMsPerToken()

@@ -7,7 +7,8 @@ returns carries its counts, so stats and benchmarks read the same numbers the en
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
+from collections.abc import Generator, Iterator
+from dataclasses import asdict, dataclass, field
 
 
 class ModelLoadError(RuntimeError):
@@ -38,10 +39,10 @@ class CancelToken:
 
 @dataclass
 class GenerationResult:
-    text: str                 # decoded new text (after stop strings / stop_fn cut)
-    tokens: list[int]         # new token ids
-    stop_reason: str          # "max_tokens" | "eos" | "stop" | "cancelled"
-    cancelled: bool
+    text: str = ""            # decoded new text (complete.py fills it after detokenizing)
+    tokens: list[int] = field(default_factory=list)  # new token ids
+    stop_reason: str = "max_tokens"  # "max_tokens" | "eos" | "stop" | "cancelled" | "error"
+    cancelled: bool = False
     target_forwards: int = 0  # decode/verify forwards; prefill chunks are counted in prefill_tokens
     draft_forwards: int = 0
     proposed: int = 0         # draft tokens sent to the target for verification
@@ -49,6 +50,11 @@ class GenerationResult:
     prefill_tokens: int = 0   # prompt tokens the target had to run (not served from the KV cache)
     reused_tokens: int = 0    # prompt tokens served from the target's KV prefix cache
     wall_s: float = 0.0
+    logprobs: list[float] = field(default_factory=list)  # target log-prob of each token in `tokens`
+    prefill_s: float = 0.0    # where wall_s went: prompt prefill, drafting, verify forwards, the rest
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -64,6 +70,42 @@ class GenerationResult:
         d["acceptance_rate"] = self.acceptance_rate
         d["tokens_per_target_forward"] = self.tokens_per_target_forward
         return d
+
+
+class Generation:
+    """An iterator of new token ids; the caller decides when to stop (`close()`).
+
+    `result` is kept up to date while it runs and is final after exhaustion or close; every way
+    out leaves the engine's caches consistent (the wrapped generator's `finally` does that)."""
+
+    def __init__(self, steps: Generator[int, None, None], result: GenerationResult) -> None:
+        self._steps, self.result, self.done = steps, result, False
+
+    def __iter__(self) -> Iterator[int]:
+        return self
+
+    def __next__(self) -> int:
+        if self.done:
+            raise StopIteration
+        try:
+            return next(self._steps)
+        except BaseException:
+            self.done = True
+            raise
+
+    def close(self) -> None:
+        """Stop here: the caller has what it wants (stop_reason "stop" unless it had ended)."""
+        if not self.done:
+            self.done = True
+            if self.result.stop_reason == "max_tokens" and not self.result.cancelled:
+                self.result.stop_reason = "stop"
+            self._steps.close()
+
+    def __enter__(self) -> "Generation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class GenerationError(RuntimeError):

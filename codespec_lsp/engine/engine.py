@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from codespec_lsp.engine import hf
-from codespec_lsp.engine.api import CancelToken, GenerationError, GenerationResult
+from codespec_lsp.engine.api import CancelToken, Generation, GenerationError, GenerationResult
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, Sampling
 from codespec_lsp.engine.kvcache import PrefixCache
 from codespec_lsp.engine.speculative import adjust_probs, best_k, verify_greedy, verify_sampled
 
 K_MAX = 8
+PREFILL_RESERVE = 64 + K_MAX + 1  # room kept after the prompt: prefill and generate cut alike
 TRUNCATE_STEP = 256  # over-long prompts lose their head in steps this big (cache-friendly)
 PROBE_EVERY = 16  # steps at K = 0 before one probe at K = 1, so a drafter that improves is noticed
 
@@ -88,6 +89,7 @@ class Engine:
             self.model_drafter = ModelDrafter(draft, PrefixCache(draft, cache_bytes // 2, prefix_cache),
                                               self.vocab_size, prefill_chunk)
         self.drafter = drafter
+        self.stop_ids = self._stop_ids()
         # None: K adapts (KController). A number pins K for every draft source: for benchmarks
         # that show what drafting at a loss would buy, never for serving.
         self.fixed_k: int | None = None
@@ -145,42 +147,69 @@ class Engine:
         if self.model_drafter is not None:
             self.model_drafter.prefix_cache.enabled = enabled
 
-    def prefill(self, prompt: str, cancel: CancelToken | None = None) -> int:
-        """Bring `prompt` into both models' prefix caches without generating (e.g. when a file is
-        opened), so the first completion there pays only for what was typed since.
-        Returns the target tokens run."""
-        seq = self.encode_prompt(prompt, reserve=K_MAX + 1)
+    def encode(self, text: str) -> list[int]:
+        """The text's ids with the BOS the model expects."""
+        bos = self.tokenizer.bos_token_id
+        return ([bos] if bos is not None else []) + self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _stop_ids(self) -> set[int]:
+        """Every end token of the model: the tokenizer's EOS, generation_config's list, `<EOT>`."""
+        ids = {self.tokenizer.eos_token_id}
+        eos = getattr(getattr(self.target_model, "generation_config", None), "eos_token_id", None)
+        ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+        vocab = self.tokenizer.get_vocab()
+        ids.update(vocab[n] for n in ("<EOT>", "▁<EOT>", "<|endoftext|>") if n in vocab)
+        return {i for i in ids if i is not None}
+
+    def prefill(self, ids: list[int], *, key: str | None = None,
+                cancel: CancelToken | None = None) -> GenerationResult:
+        """Bring `ids` into both models' prefix caches without generating (e.g. when a file is
+        opened), so the first completion there pays only for what was typed since."""
+        started = time.perf_counter()
+        seq = self.fit(ids, reserve=PREFILL_RESERVE)
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
+        result = GenerationResult(stop_reason="max_tokens")
         stores = [self.target_cache]
         if self.model_drafter is not None:
             stores.append(self.model_drafter.prefix_cache)
-        ran = 0
         self._cancel = cancel
         try:
-            for store in stores:
+            for i, store in enumerate(stores):
                 cache, reused = store.acquire(seq)
+                done = False
                 try:
-                    hf.prefill(store.model, seq[reused:-1], cache, self.prefill_chunk, is_cancelled)
+                    done = hf.prefill(store.model, seq[reused:-1], cache, self.prefill_chunk, is_cancelled)
                 finally:
                     store.release(seq, cache)
-                ran = ran or len(seq) - 1 - reused
+                if i == 0:
+                    result.reused_tokens = reused
+                    result.prefill_tokens = len(seq) - 1 - reused if done else 0
+                if not done:
+                    result.cancelled, result.stop_reason = True, "cancelled"
+                    break
         finally:
             self._cancel = None
-        return ran
+        result.wall_s = result.prefill_s = time.perf_counter() - started
+        return result
 
     # -- the loop ---------------------------------------------------------------------------
 
     def encode_prompt(self, prompt: str, reserve: int) -> list[int]:
-        """BOS + the prompt's ids, cut from the left when they would not leave `reserve` positions.
-        The cut moves in steps of TRUNCATE_STEP tokens, so the start stays put while the user types
-        and the prefix cache keeps hitting even for a caller that sends the whole file."""
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        room = max(self.context_window - reserve - 1, 1)
+        return self.fit(self.encode(prompt), reserve)
+
+    def fit(self, ids: list[int], reserve: int) -> list[int]:
+        """`ids` (BOS first when the model has one) cut from the left when they would not leave
+        `reserve` positions. The cut moves in steps of TRUNCATE_STEP tokens, so the start stays put
+        while the user types and the prefix cache keeps hitting for a caller sending the whole file."""
+        bos = self.tokenizer.bos_token_id
+        head = ids[:1] if (bos is not None and ids[:1] == [bos]) else []
+        ids = ids[len(head):]
+        reserve = min(reserve, self.context_window // 2)  # a small model still sees its prompt
+        room = max(self.context_window - reserve - len(head), 1)
         if len(ids) > room:
             drop = min(-(-(len(ids) - room) // TRUNCATE_STEP) * TRUNCATE_STEP, len(ids) - 1)
             ids = ids[drop:][-room:]
-        bos = self.tokenizer.bos_token_id
-        return ([bos] if bos is not None else []) + ids
+        return head + list(ids)
 
     def _verify_cost(self) -> list[float]:
         one = self._verify_s.get(1)
@@ -206,84 +235,117 @@ class Engine:
                 return proposal, source.name, time.perf_counter() - start
         return Proposal([], None), None, 0.0
 
-    def generate(self, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.0,
-                 top_p: float = 1.0, stop: Sequence[str] = (),
-                 stop_fn: Callable[[str], int | None] | None = None,
-                 cancel: CancelToken | None = None, speculative: bool = True,
-                 lookup_text: str = "", drafter: str | None = None,
-                 seed: int | None = None) -> GenerationResult:
+    def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
+                 speculative: bool = True, key: str | None = None, lookup_ids: Sequence[int] = (),
+                 heal: str = "", drafter: str | None = None) -> Generation:
+        """A Generation: iterate it for new token ids, `close()` it to stop; `.result` has counts."""
+        result = GenerationResult()
+        steps = self._steps(list(ids), result, max_new_tokens, temperature, top_p, seed, cancel,
+                            speculative, list(lookup_ids), drafter)
+        return Generation(steps, result)
+
+    def _steps(self, ids, result: GenerationResult, max_new_tokens, temperature, top_p, seed,
+               cancel, speculative, lookup, drafter):
         started = time.perf_counter()
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
-        seq = self.encode_prompt(prompt, reserve=max_new_tokens + K_MAX + 1)
+        seq = self.fit(ids, reserve=max(PREFILL_RESERVE, max_new_tokens + K_MAX + 1))
         prompt_len = len(seq)
-        result = GenerationResult(text="", tokens=[], stop_reason="max_tokens", cancelled=False)
         sampling = None
         if temperature > 0:
-            generator = torch.Generator().manual_seed(seed) if seed is not None else None
+            device = next(self.target_model.parameters()).device
+            generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
             sampling = Sampling(temperature, top_p, generator)
         sources = self.sources(speculative, drafter)
-        lookup = self.tokenizer.encode(lookup_text, add_special_tokens=False) if lookup_text else []
         draft_forwards_before = sum(s.forwards for s in sources)
 
         cache, reused = self.target_cache.acquire(seq)
-        result.reused_tokens, result.prefill_tokens = reused, prompt_len - reused
+        result.reused_tokens = reused
         self._cancel = cancel
         try:
             for source in sources:
                 source.begin(seq, lookup)
-            if not hf.prefill(self.target_model, seq[reused:-1], cache, self.prefill_chunk, is_cancelled):
+            t0 = time.perf_counter()
+            done = hf.prefill(self.target_model, seq[reused:-1], cache, self.prefill_chunk, is_cancelled)
+            result.prefill_s = time.perf_counter() - t0
+            if done:
+                result.prefill_tokens = prompt_len - reused
+            else:
                 result.cancelled = True
-            while not result.cancelled:
+            while not result.cancelled and result.stop_reason == "max_tokens":
                 new_count = len(seq) - prompt_len
-                if new_count >= max_new_tokens or result.stop_reason != "max_tokens":
+                if new_count >= max_new_tokens:
                     break
                 room = max_new_tokens - new_count - 1
+                t0 = time.perf_counter()
                 proposal, source_name, draft_s = self._draft(sources, seq, room, sampling, cancel)
+                result.draft_s += time.perf_counter() - t0
                 if is_cancelled():
                     result.cancelled = True
                     break
+                t0 = time.perf_counter()
                 try:
-                    n_kept, next_token = self._verify(seq, proposal, cache, sampling)
+                    n_kept, next_token, logprobs = self._verify(seq, proposal, cache, sampling)
                 except hf.ForwardCancelled:
                     result.cancelled = True  # stopped between layers; the cache was rolled back
                     break
+                finally:
+                    result.verify_s += time.perf_counter() - t0
                 result.target_forwards += 1
+                new = proposal.tokens[:n_kept] + [next_token]
+                ends = [i for i, t in enumerate(new) if t in self.stop_ids]
+                if ends:
+                    new, result.stop_reason = new[:ends[0] + 1], "eos"
+                new = new[:max_new_tokens - new_count]
                 if source_name is not None:
                     self.controllers[source_name].record(len(proposal.tokens), n_kept, draft_s)
                     result.proposed += len(proposal.tokens)
-                    result.accepted += n_kept
-                self._append(seq, proposal.tokens[:n_kept] + [next_token], result, max_new_tokens,
-                             stop, stop_fn)
+                    result.accepted += min(n_kept, len(new))  # drafts after an end token don't count
+                seq.extend(new)
+                for tok, lp in zip(new, logprobs):
+                    if tok in self.stop_ids:
+                        break
+                    result.tokens.append(tok)
+                    result.logprobs.append(lp)
+                    yield tok
                 if is_cancelled():
                     result.cancelled = True
         except torch.OutOfMemoryError as exc:
             self.reset_caches()
             context = len(seq)
             seq = []  # the caches may be half-written: keep nothing of them
+            result.stop_reason = "error"
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             raise GenerationError(
                 f"out of GPU memory at {context} tokens of context: lower the context budget or "
                 f"max tokens, or pick a smaller preset ({exc.__class__.__name__})") from exc
+        except BaseException as exc:
+            if not isinstance(exc, GeneratorExit):
+                # Mid-forward: the layers may hold different lengths. Keep nothing of them.
+                self.reset_caches()
+                seq = []
+                result.stop_reason = "error"
+            raise
         finally:
             self._cancel = None
             self.target_cache.release(seq, cache)  # crops to `seq`, e.g. drops KV after an EOS
             for source in sources:
                 source.end(seq)
-        if result.cancelled:
-            result.stop_reason = "cancelled"
-            result.text = self._decode(result.tokens)
-        result.draft_forwards = sum(s.forwards for s in sources) - draft_forwards_before
-        result.wall_s = time.perf_counter() - started
-        return result
+            if result.cancelled:
+                result.stop_reason = "cancelled"
+            result.draft_forwards = sum(s.forwards for s in sources) - draft_forwards_before
+            result.wall_s = time.perf_counter() - started
+            result.other_s = max(result.wall_s - result.prefill_s - result.draft_s - result.verify_s, 0.0)
 
     def _verify(self, seq: list[int], proposal: Proposal, cache, sampling: Sampling | None
-                ) -> tuple[int, int]:
+                ) -> tuple[int, int, list[float]]:
         """One target forward over the pending token(s) plus the proposal, then the rollback."""
         held = hf.cache_len(cache)
         feed = seq[held:] + proposal.tokens
         start = time.perf_counter()
         logits = hf.forward(self.target_model, feed, cache)[-(len(proposal.tokens) + 1):, :self.vocab_size]
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [k+1, V]: the target's own distribution
         if sampling is None:
             n_kept, next_token = verify_greedy(logits, proposal.tokens)
         else:
@@ -294,29 +356,6 @@ class Engine:
         n = len(feed)
         self._verify_s[n] = elapsed if n not in self._verify_s else 0.8 * self._verify_s[n] + 0.2 * elapsed
         hf.crop(cache, len(seq) + n_kept)  # KV rollback: drop the rejected drafts
-        return n_kept, next_token
-
-    def _decode(self, tokens: list[int]) -> str:
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        # A multi-byte character split across tokens decodes to U+FFFD until its last byte arrives.
-        return text.rstrip("\ufffd")
-
-    def _append(self, seq: list[int], new: list[int], result: GenerationResult,
-                max_new_tokens: int, stop: Sequence[str], stop_fn) -> None:
-        eos = self.tokenizer.eos_token_id
-        if eos in new:
-            new = new[:new.index(eos) + 1]
-            result.stop_reason = "eos"
-        new = new[:max_new_tokens - len(result.tokens)]
-        seq.extend(new)
-        result.tokens.extend(t for t in new if t != eos)
-        text = self._decode(result.tokens)
-        cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
-        if stop_fn is not None:
-            cut = stop_fn(text)
-            if cut is not None:
-                cuts.append(cut)
-        if cuts:
-            text = text[:min(cuts)]
-            result.stop_reason = "stop"
-        result.text = text
+        kept = proposal.tokens[:n_kept] + [next_token]
+        logprobs = logp[torch.arange(len(kept)), torch.tensor(kept)].tolist()
+        return n_kept, next_token, logprobs

@@ -1,0 +1,50 @@
+"""complete.py: incremental detokenization, stop handling, the Generation seam (no model)."""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from codespec_lsp.complete import Detokenizer, run
+from codespec_lsp.engine.api import Generation, GenerationResult
+
+
+def sentencepiece_like() -> PreTrainedTokenizerFast:
+    """Words with a '▁' for the space before them; the decoder strips the leading space of the
+    text, as CodeLlama's does."""
+    vocab = {"<s>": 0, "</s>": 1, "▁x": 2, "▁=": 3, "▁1": 4, "\n": 5, "▁y": 6}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="</s>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
+
+
+def test_leading_space_survives_decoding():
+    tok = sentencepiece_like()
+    assert tok.decode([4]) == "1"  # the decoder strips it when the id is decoded alone
+    detok = Detokenizer(tok, [0, 2, 3])  # "<s> x ="
+    assert detok.add(4) == " 1"
+    assert detok.add(6) == " 1 y"
+
+
+def scripted(tokens: list[int]) -> Generation:
+    result = GenerationResult()
+
+    def steps():
+        for t in tokens:
+            result.tokens.append(t)
+            yield t
+    return Generation(steps(), result)
+
+
+def test_run_cuts_at_stop_string_and_closes():
+    tok = sentencepiece_like()
+    gen = scripted([4, 6, 2, 3])
+    result = run(gen, tok, [0, 2, 3], stop=[" y"])
+    assert result.text == " 1" and result.stop_reason == "stop"
+    assert result.tokens == [4, 6] and gen.done  # nothing generated past the stop
+
+
+def test_run_drains_to_the_end():
+    result = run(scripted([4, 6]), sentencepiece_like(), [0, 2, 3])
+    assert result.text == " 1 y" and result.stop_reason == "max_tokens"
