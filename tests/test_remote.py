@@ -112,7 +112,7 @@ def test_a_text_only_server_is_retokenized_locally_and_warned_about(caplog):
 
 def test_server_tokenize_is_used_without_a_local_tokenizer(fake):
     b = connect_remote(fake.url, notify=Notices())
-    assert b.tokenizer is None  # the fake's model is not a folder here
+    assert b.local_tokenizer is None  # the fake's model is not a folder here
     assert b.encode("ab") == [BOS] + fake_tokenize("ab")
     assert any(r["path"] == "/tokenize" for r in fake.state.requests)
     assert b.count_tokens("abcdef") >= 2
@@ -416,7 +416,7 @@ def test_notices_wait_until_the_server_wires_its_message_channel():
 def test_without_a_tokenizer_an_outage_during_tokenize_is_an_empty_answer():
     fake = FakeServer()
     b = connect_remote(fake.url, notify=(notices := Notices()), backoff_s=(0.0, 0.0))
-    assert b.tokenizer is None and b.encode("ab")
+    assert b.local_tokenizer is None and b.encode("ab")
     fake.stop()
     assert b.encode("abc") == []
     gen = b.generate([], max_new_tokens=4)

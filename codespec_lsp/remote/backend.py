@@ -255,6 +255,23 @@ class RemoteGeneration:
             self._future.cancel()
 
 
+class _ServerDecoder:
+    """Just enough of a tokenizer for complete.py's detokenizer, backed by the server."""
+
+    all_special_ids: list[int] = []
+
+    def __init__(self, backend: "RemoteBackend") -> None:
+        self._backend = backend
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        try:
+            return self._backend.decode(ids)
+        except (ServerProblem, concurrent.futures.TimeoutError) as problem:
+            if isinstance(problem, ServerProblem):
+                self._backend.health.failed(problem)
+            return ""
+
+
 class RemoteBackend:
     """The seam's Backend over a remote server. Build it with `connect_remote` (remote/__init__)."""
 
@@ -264,7 +281,7 @@ class RemoteBackend:
                  notify: Notify | None = _log_notify, backoff_s: tuple[float, float] = (0.5, 8.0),
                  tokenizer_loader: Callable[[ServerInfo], Any] | None = None) -> None:
         self.client = client
-        self.tokenizer = tokenizer
+        self.local_tokenizer = tokenizer   # the HF tokenizer when one is at hand here
         self.health = Health(notify, backoff_s)
         self.loop = LoopThread()
         self._tokenizer_loader = tokenizer_loader
@@ -277,6 +294,16 @@ class RemoteBackend:
         self.text_warning_given = False
 
     # ------------------------------------------------------------ facts
+
+    @property
+    def tokenizer(self) -> Any:
+        """The local tokenizer, or one that decodes through the server's /detokenize (complete.py
+        turns ids into text with `tokenizer.decode`)."""
+        return self.local_tokenizer if self.local_tokenizer is not None else _ServerDecoder(self)
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self.local_tokenizer = value
 
     @property
     def kind(self) -> str:
@@ -297,19 +324,19 @@ class RemoteBackend:
         info = self.client.info
         if info is not None and info.context_window:
             return info.context_window
-        return int(getattr(self.tokenizer, "model_max_length", 0) or 0) if \
-            0 < int(getattr(self.tokenizer, "model_max_length", 0) or 0) < 10**7 else 2048
+        return int(getattr(self.local_tokenizer, "model_max_length", 0) or 0) if \
+            0 < int(getattr(self.local_tokenizer, "model_max_length", 0) or 0) < 10**7 else 2048
 
     @property
     def stop_ids(self) -> set[int]:
-        eos = getattr(self.tokenizer, "eos_token_id", None)
+        eos = getattr(self.local_tokenizer, "eos_token_id", None)
         return {eos} if isinstance(eos, int) else set()
 
     @property
     def fim_tokens(self) -> tuple[str, str, str] | None:
-        if self.tokenizer is None:
+        if self.local_tokenizer is None:
             return None
-        vocab = self.tokenizer.get_vocab()
+        vocab = self.local_tokenizer.get_vocab()
         for names in (("<PRE>", "<SUF>", "<MID>"), ("▁<PRE>", "▁<SUF>", "▁<MID>"),
                       ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")):
             if all(n in vocab for n in names):
@@ -319,17 +346,17 @@ class RemoteBackend:
     # ------------------------------------------------------------ tokens
 
     def count_tokens(self, text: str) -> int:
-        if self.tokenizer is not None:
-            return len(self.tokenizer.encode(text, add_special_tokens=False))
+        if self.local_tokenizer is not None:
+            return len(self.local_tokenizer.encode(text, add_special_tokens=False))
         # No tokenizer here: a round trip per count would stall prompt building, so estimate
         # on the high side (code runs 3-4 characters a token) and let the prompt come out short.
         return -(-len(text) // 3)
 
     def encode(self, text: str) -> list[int]:
         """BOS + ids, as the in-process engine does; the server's /tokenize without a tokenizer."""
-        if self.tokenizer is not None:
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            bos = self.tokenizer.bos_token_id
+        if self.local_tokenizer is not None:
+            ids = self.local_tokenizer.encode(text, add_special_tokens=False)
+            bos = self.local_tokenizer.bos_token_id
         else:
             try:
                 ids = self.loop.run(self._tokenize(text), timeout=self.client.deadline_s)
@@ -369,8 +396,8 @@ class RemoteBackend:
         return None
 
     def decode(self, ids: Sequence[int]) -> str:
-        if self.tokenizer is not None:
-            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        if self.local_tokenizer is not None:
+            return self.local_tokenizer.decode(list(ids), skip_special_tokens=True)
         return self.loop.run(self.client.detokenize(list(ids)), timeout=self.client.deadline_s)
 
     def ids_for_text(self, before: str, delta: str, final: bool) -> list[int]:
@@ -380,10 +407,10 @@ class RemoteBackend:
             self.text_warning_given = True
             log.warning("%s streams text, not token ids: re-tokenized here, so suggestions may "
                         "differ from the in-process engine's", self.client.base)
-        if self.tokenizer is None:
+        if self.local_tokenizer is None:
             return []
-        old = self.tokenizer.encode(before, add_special_tokens=False) if before else []
-        new = self.tokenizer.encode(before + delta, add_special_tokens=False)
+        old = self.local_tokenizer.encode(before, add_special_tokens=False) if before else []
+        new = self.local_tokenizer.encode(before + delta, add_special_tokens=False)
         stable_old = old if final and not before else old[:-1]
         stable_new = new if final else new[:-1]
         return stable_new[len(stable_old):] if new[:len(stable_old)] == stable_old else []
@@ -392,9 +419,9 @@ class RemoteBackend:
 
     async def _probe(self) -> ServerInfo:
         info = await self.client.probe()
-        if self.tokenizer is None and self._tokenizer_loader is not None:
+        if self.local_tokenizer is None and self._tokenizer_loader is not None:
             loader, self._tokenizer_loader = self._tokenizer_loader, None
-            self.tokenizer = await asyncio.to_thread(loader, info)
+            self.local_tokenizer = await asyncio.to_thread(loader, info)
         return info
 
     async def pump(self, request: dict, out: queue.Queue) -> None:
