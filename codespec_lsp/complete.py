@@ -172,6 +172,7 @@ def run_complete(args) -> int:
         counts = result.to_dict()
         counts.pop("tokens")
         counts["raw_text"] = counts.pop("text")
+        counts["backend"] = getattr(engine, "kind", "local")
         print(json.dumps({"text": text or "", **counts}, indent=2))
     else:
         print(text or "")
