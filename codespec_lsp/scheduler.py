@@ -200,6 +200,16 @@ class CompletionCache:
 # ---------------------------------------------------------------- stats
 
 
+def backend_stats(engine: Any) -> dict:
+    """`backend` and the server's own rates (remote backends read them off its /metrics)."""
+    out = {"backend": "local", "server_acceptance_rate": None, "server_prefix_cache_hit_rate": None}
+    if callable(server_stats := getattr(engine, "server_stats", None)):
+        stats = server_stats()
+        out.update({k: stats.get(k) for k in out})
+    return out
+
+
+
 @dataclass
 class Stats:
     requests: int = 0
@@ -368,6 +378,8 @@ class Scheduler:
                 del self._jobs[req.key]
         if result is None or result.cancelled:
             return Outcome(None, "superseded", result=result)
+        if result.stop_reason == "error":  # e.g. the server is down: ask again next time
+            return Outcome(None, "error", result=result)
         self.cache.put(req.key, req.source, req.offset, text or "")
         return Outcome(text, "answered", result=result)
 
@@ -470,6 +482,7 @@ class Scheduler:
             "target": getattr(engine, "target_name", None),
             "device": getattr(engine, "device", None),
             "state": self.host.state,
+            **backend_stats(engine),
         }
 
     def counters(self) -> dict:

@@ -16,4 +16,8 @@ if command -v npm >/dev/null 2>&1; then
 else
   echo "npm not found: skipping the VS Code extension's packages" >&2
 fi
+# Opt-in: a real vLLM (its own venv, a few GB) for `serve --remote` demos and tests/test_vllm_e2e.py.
+if [ "${CODESPEC_VLLM:-0}" = "1" ]; then
+  bash scripts/serve_vllm.sh --install-only
+fi
 echo "set-up done: .venv/bin/codespec-lsp --help"
