@@ -81,6 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--clients", default=None,
                     help="N editors typing at once (or a sweep: 1,2,4), each its own server")
 
+    bq = bench_sub.add_parser("quality", help="score suggestions against held-out code")
+    _add_model_flags(bq)
+    bq.add_argument("--corpus", default=None, help="folder of .py files (default: benchmarks/heldout)")
+    bq.add_argument("--points", type=int, default=40)
+    bq.add_argument("--json", dest="json_path", default=None, help="write the JSON here")
+    bq.add_argument("--min-confidence", type=float, default=None,
+                    help="the confidence gate's threshold (default: the server's)")
+    bq.add_argument("--sweep", default=None,
+                    help="comma-separated thresholds to score too, from the same generations")
+
     doctor = sub.add_parser("doctor", help="will this draft/target pair fit and speed up?")
     doctor.add_argument("--draft", required=True)
     doctor.add_argument("--target", required=True)
@@ -112,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.bench_command == "server":
         from codespec_lsp.bench_server import run_server_bench
         return run_server_bench(args)
+    if args.command == "bench" and args.bench_command == "quality":
+        from codespec_lsp.bench_quality import run_quality_bench
+        return run_quality_bench(args)
     if args.command == "doctor":
         from codespec_lsp.doctor import run_doctor
         return run_doctor(args)

@@ -55,6 +55,16 @@ class Detokenizer:
         return new.rstrip("\ufffd")
 
 
+def token_logprobs(tokenizer, prompt: Sequence[int], result: GenerationResult
+                   ) -> list[tuple[int, float]]:
+    """(end offset of each new token's text in result.text's raw form, its target log-prob), what
+    postprocess.finalize's confidence gate reads; empty when the backend reported no log-probs."""
+    if tokenizer is None or len(result.logprobs) != len(result.tokens):
+        return []
+    detok = Detokenizer(tokenizer, prompt)
+    return [(len(detok.add(t)), lp) for t, lp in zip(result.tokens, result.logprobs)]
+
+
 def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
     """(the prompt's ids with BOS, the text `heal` removed for token healing: "" when none)."""
     return backend.encode(prompt), ""
@@ -101,7 +111,9 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     result = run(gen, backend.tokenizer, ids, stop_fn=lambda text: block_end(text, mode))
     if result.cancelled:
         return result, None
-    return result, finalize(result.text, line_prefix, prompt.suffix, mode)
+    return result, finalize(result.text, line_prefix, prompt.suffix, mode,
+                            logprobs=token_logprobs(backend.tokenizer, ids, result),
+                            min_confidence=min_confidence)
 
 
 def prefill_at(backend, builder: ContextBuilder, key: str, source: str, offset: int,

@@ -39,6 +39,10 @@ class Settings:
     context_tokens: int | None = None
     # Snippets from other open documents inside the prompt (the n-gram drafter reads them anyway).
     other_documents: bool = False
+    # The confidence gate (postprocess): a suggested line whose mean target log-probability per
+    # token is below this is not shown. None: postprocess.DEFAULT_MIN_CONFIDENCE, measured with
+    # `codespec-lsp bench quality`. Lower shows more (and worse) suggestions.
+    min_confidence: float | None = None
     # An OpenAI-compatible server to complete with instead of the in-process engine (remote/).
     remote: str | None = None
     remote_model: str | None = None
@@ -62,6 +66,7 @@ _CHECKS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "debounce_ms": (int, lambda v: 0 <= v <= 5000),
     "context_tokens": ((int, type(None)), lambda v: v is None or 16 <= v <= 1_000_000),
     "other_documents": (bool, None),
+    "min_confidence": ((int, float, type(None)), lambda v: v is None or -20.0 <= v <= 0.0),
     "remote": ((str, type(None)), lambda v: v is None or re.match(r"https?://[^/\s]+", v)),
     "remote_model": ((str, type(None)), None),
     "api_key_env": ((str, type(None)), lambda v: v is None or re.fullmatch(r"[A-Za-z_]\w*", v)),

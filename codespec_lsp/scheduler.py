@@ -426,7 +426,8 @@ class Scheduler:
         if job.cancel.cancelled:
             return None, None  # overtaken while queued: no forward spent
         return complete_at(engine, self._context_builder(engine, settings), req.key, req.source,
-                           req.offset, max_tokens=max_tokens, cancel=job.cancel, others=req.others)
+                           req.offset, max_tokens=max_tokens, cancel=job.cancel, others=req.others,
+                           min_confidence=settings.min_confidence)
 
     def _warm(self, engine: Any, job: _Job, req: CompletionRequest, settings: Settings) -> None:
         if job.cancel.cancelled:
