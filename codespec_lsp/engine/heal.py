@@ -6,6 +6,10 @@ only emit tokens whose text starts with the rest of `heal` (it is covered, then 
 non-empty prefix of it (it covers part). The mask is applied to the target's logits, so greedy
 speculative output stays the target's own greedy output under the same constraint, and sampling
 follows the target's constrained distribution (a draft proposing a masked token is just rejected).
+
+When `heal` ends in indentation (the cursor sits right after it), the indentation is what the user
+typed: a token covering `heal` may not go on with more spaces or tabs (byte-level BPE has
+"\n        " as one token, and taking it after "\n    " was typed gives an 8-space line).
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ def token_texts(tokenizer, vocab_size: int) -> list[str]:
     return [t[len(head):] if t.startswith(head) and "\ufffd" not in t else "" for t in texts]
 
 
-def advance(rest: str, text: str) -> str | None:
-    """What is left of `rest` after a token reading `text`; None when the token breaks it."""
+def advance(rest: str, text: str, indent: bool = False) -> str | None:
+    """What is left of `rest` after a token reading `text`; None when the token breaks it.
+    indent: `rest` ends the typed indentation, which the token may not lengthen."""
     if text.startswith(rest):
-        return ""
+        return None if indent and text[len(rest):len(rest) + 1] in (" ", "\t") else ""
     if text and rest.startswith(text):
         return rest[len(text):]
     return None
@@ -37,11 +42,13 @@ class Heal:
 
     def __init__(self, texts: list[str], heal: str) -> None:
         self.texts, self.rest = texts, heal
+        tail = heal.rsplit("\n", 1)[-1]
+        self.indent = bool(tail) and not tail.strip()  # the cursor is right after indentation
         self._allowed: dict[str, torch.Tensor] = {}
 
     def allowed(self, rest: str) -> torch.Tensor:
         if rest not in self._allowed:  # [V] bool; one per distinct rest, a handful per request
-            self._allowed[rest] = torch.tensor([advance(rest, t) is not None for t in self.texts])
+            self._allowed[rest] = torch.tensor([advance(rest, t, self.indent) is not None for t in self.texts])
         return self._allowed[rest]
 
     def mask(self, logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
@@ -54,7 +61,7 @@ class Heal:
                 out = logits.clone()
             out[i].masked_fill_(~self.allowed(rest).to(logits.device), float("-inf"))
             if i < len(drafted):
-                rest = advance(rest, self.texts[drafted[i]])
+                rest = advance(rest, self.texts[drafted[i]], self.indent)
                 if rest is None:
                     break  # drafted[i] is masked out, so it is rejected: later rows never count
         return out
@@ -62,4 +69,4 @@ class Heal:
     def accept(self, tokens: list[int]) -> None:
         for t in tokens:
             if self.rest:
-                self.rest = advance(self.rest, self.texts[t]) or ""
+                self.rest = advance(self.rest, self.texts[t], self.indent) or ""
