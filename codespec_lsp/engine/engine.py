@@ -55,7 +55,7 @@ class KController:
         return self.draft_s / target_s
 
     def choose(self, target_s: float | None, verify_cost: list[float]) -> int:
-        k = best_k(self.alpha, self.cost(target_s), verify_cost, self.k_max)
+        k = best_k(self.alpha, self.cost(target_s), self.k_max, verify_cost)[0]
         if k == 0:
             self.idle_steps += 1
             if self.idle_steps >= PROBE_EVERY:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-# The planner owns the speedup model and K's bound (pure arithmetic); the engine applies them.
-from codespec_lsp.planner import K_MAX, expected_tokens  # noqa: F401  (K_MAX re-exported)
+# The planner owns the speedup model, best_k and K's bound (pure arithmetic); the engine applies
+# them to measured numbers.
+from codespec_lsp.planner import K_MAX, best_k  # noqa: F401  (re-exported for the engine)
 
 
 def adjust_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
@@ -65,23 +66,6 @@ def verify_sampled(p: torch.Tensor, q: torch.Tensor | None, proposal: list[int],
     if float(residual.sum()) <= 0.0:
         residual = p[n]  # p == q on its support: rejection had probability 0, guard rounding only
     return n, sample(residual / residual.sum(), generator)
-
-
-def best_k(alpha: float, draft_cost: float, verify_cost: list[float], k_max: int = K_MAX) -> int:
-    """K maximising expected tokens per unit time, with the verify cost measured per length.
-
-    draft_cost: one draft forward, in units of a 1-token target forward.
-    verify_cost[n]: a target forward over n+1 tokens in the same unit (verify_cost[0] == 1).
-    K = 0 (the target alone) wins whenever drafting does not pay; ties go to the smaller K.
-    (planner.best_k is this with verify_cost[n] == 1: the same model, before anything is measured.)
-    """
-    def rate(k: int) -> float:
-        return expected_tokens(alpha, k) / (verify_cost[k] + k * draft_cost)
-    best = 0
-    for k in range(1, k_max + 1):
-        if rate(k) > rate(best) + 1e-12:
-            best = k
-    return best
 
 
 @dataclass
