@@ -131,8 +131,8 @@ def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, se
             prompt = builder.build(key, point.source, point.offset)
             line_prefix, line_suffix, prev_line = split_line(point.source, point.offset)
             mode = decide_mode(line_prefix, line_suffix, prev_line)
-            ids, _ = prompt_ids(engine, prompt.text)
-            spans = token_logprobs(engine.tokenizer, ids, result)
+            ids, heal = prompt_ids(engine, prompt.text)
+            spans = token_logprobs(engine.tokenizer, ids, result, heal)
             for t in sweep:
                 again = finalize(result.text, line_prefix, prompt.suffix, mode, logprobs=spans,
                                  min_confidence=t)

@@ -33,6 +33,7 @@ from codespec_lsp.config import Settings, default_context_tokens
 from codespec_lsp.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine_host import EngineHost
+from codespec_lsp.stats import percentile
 from codespec_lsp.complete import complete_at, prefill_at, split_line  # noqa: F401 - split_line re-exported
 
 log = logging.getLogger(__name__)
@@ -230,10 +231,7 @@ class Stats:
     latencies_ms: deque = field(default_factory=lambda: deque(maxlen=2000))
 
     def percentile(self, q: float) -> float:
-        if not self.latencies_ms:
-            return 0.0
-        xs = sorted(self.latencies_ms)
-        return round(xs[min(len(xs) - 1, int(q * len(xs)))], 2)
+        return round(percentile(self.latencies_ms, q), 2)
 
 
 @dataclass
