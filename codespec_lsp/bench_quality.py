@@ -82,11 +82,12 @@ def score(point: Point, suggestion: str | None) -> dict:
     real_line = rest.split("\n", 1)[0].rstrip()
     first = suggestion.split("\n", 1)[0].rstrip() if suggestion else ""
     baseline = baseline_text(point.source, point.offset)
+    line_prefix = split_line(point.source, point.offset)[0]
     return {
         "shown": suggestion is not None,
         "exact": suggestion is not None and first == real_line,
         "similarity": difflib.SequenceMatcher(None, first, real_line).ratio() if suggestion else 0.0,
-        "repetitive": suggestion is not None and find_loop(suggestion) is not None,
+        "repetitive": suggestion is not None and find_loop(suggestion, line_prefix) is not None,
         "prefix": len(os.path.commonprefix([suggestion, rest])) if suggestion else 0,
         "baseline": difflib.SequenceMatcher(None, baseline.rstrip(), real_line).ratio(),
     }

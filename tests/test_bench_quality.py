@@ -83,6 +83,15 @@ def test_the_held_out_set_is_not_training_data():
     assert not [f for f in trained if f.read_text(encoding="utf-8", errors="replace") in held_out]
 
 
+def test_the_held_out_set_is_apart_from_the_benchmark_corpus():
+    # benchmarks/corpus is where the confidence threshold is measured (bench quality --sweep)
+    corpus = {f.read_text(encoding="utf-8") for f in (ROOT / "benchmarks" / "corpus").glob("*.py")}
+    assert corpus
+    assert not {f.name for f in HELD_OUT.glob("*.py")} & {
+        f.name for f in (ROOT / "benchmarks" / "corpus").glob("*.py")}
+    assert not [f for f in HELD_OUT.glob("*.py") if f.read_text(encoding="utf-8") in corpus]
+
+
 @pytest.mark.slow
 def test_bench_quality_command_on_the_embedded_pair(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus"
