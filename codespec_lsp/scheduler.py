@@ -315,6 +315,11 @@ class Scheduler:
         if outcome.text:
             outcome.id = f"c{next(self._ids)}"
             self._shown[outcome.id] = len(outcome.text)
+        if log.isEnabledFor(logging.DEBUG):  # `--log-level debug`: one line per request
+            log.debug("request %s %s@%d: %s, %d tokens, %.0f ms", outcome.id or "-", req.key,
+                      req.offset, outcome.status,
+                      len(outcome.result.tokens) if outcome.result is not None else 0,
+                      (self._clock() - t0) * 1000)
         return outcome
 
     async def _complete(self, req: CompletionRequest) -> Outcome:
