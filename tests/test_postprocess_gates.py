@@ -61,9 +61,12 @@ class TestLoops:
         assert find_loop(" x.append(1)\n    x.append(1)", "    ") is not None
         assert find_loop("try:\n        try:", "    ") is None
 
-    def test_a_line_holding_a_loop_is_dropped(self):
-        # what comes before the loop on that line is as lost as the loop itself
-        assert finalize("self.run_run_run_run_run()", "    ", "", Mode(False, 0)) is None
+    def test_a_loop_on_the_first_line_is_cut_where_it_starts(self):
+        assert finalize("self.run_run_run_run_run()", "    ", "", Mode(False, 0)) == "self."
+        assert finalize("x = str(str(str(str(str(a", "    ", "", Mode(False, 0)) == "x ="
+        assert finalize("str(str(str(str(str(a", "    ", "", Mode(False, 0)) is None
+
+    def test_a_later_line_holding_a_loop_is_dropped(self):
         raw = "x = compute(a)\n    y = str(str(str(str(str(a\n    z = 3"
         assert finalize(raw, "    ", "", Mode(True, 4)) == "x = compute(a)"
 
