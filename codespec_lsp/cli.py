@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--debounce-ms", type=int, default=None)
     serve.add_argument("--context-tokens", type=int, default=None, help="prefix token budget")
     serve.add_argument("--log-file", default=None, help="also write the log here")
+    serve.add_argument("--log-level", default=None,
+                       help="debug, info (default), warning or error; debug adds a line per request")
+    serve.add_argument("--min-confidence", type=float, default=None,
+                       help="cut suggestion lines the model is less sure of (0 to 1)")
     _add_remote_flags(serve)
 
     complete = sub.add_parser("complete", help="complete one position of a file and print the text")
@@ -100,6 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["serve", *argv]  # `codespec-lsp --preset tiny` is how editors start a server
     args = parser.parse_args(argv)
+    if args.command in ("complete", "bench"):
+        # No editor to show a message to: a bad value stops here, named (the server instead
+        # shows it to the editor and serves on with the default).
+        from codespec_lsp.config import from_cli, normalize
+        _, errors, _ = normalize(from_cli(args))
+        if errors:
+            for err in errors:
+                print(f"codespec-lsp {args.command}: invalid setting {err}", file=sys.stderr)
+            return 2
     if args.command in (None, "serve"):
         from codespec_lsp.server import run_server
         return run_server(args)

@@ -17,6 +17,8 @@ from typing import Any, Mapping
 MODEL_KEYS = ("preset", "draft", "target", "device", "dtype", "allow_download", "trust_remote_code",
               "remote", "remote_model", "api_key_env")
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
 # Clients nest our settings under this section name (VS Code: "codespec.maxTokens").
 SECTION = "codespec"
 
@@ -43,6 +45,10 @@ class Settings:
     remote: str | None = None
     remote_model: str | None = None
     api_key_env: str | None = None   # the NAME of the variable holding the key, never the key
+    # debug | info | warning | error: stderr, the log file and window/logMessage.
+    log_level: str = "info"
+    # Lines the target is less sure of than this (mean token probability) are cut; None: keep all.
+    min_confidence: float | None = None
 
     def model_key(self) -> tuple:
         return tuple(getattr(self, k) for k in MODEL_KEYS)
@@ -65,6 +71,8 @@ _CHECKS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "remote": ((str, type(None)), lambda v: v is None or re.match(r"https?://[^/\s]+", v)),
     "remote_model": ((str, type(None)), None),
     "api_key_env": ((str, type(None)), lambda v: v is None or re.fullmatch(r"[A-Za-z_]\w*", v)),
+    "log_level": (str, lambda v: v in LOG_LEVELS),
+    "min_confidence": ((int, float, type(None)), lambda v: v is None or 0.0 <= v <= 1.0),
 }
 
 
@@ -72,16 +80,31 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower().replace("-", "_")
 
 
+_EXPECTED = {
+    "device": "auto, cpu, mps, cuda or cuda:N",
+    "dtype": "float16, bfloat16 or float32",
+    "log_level": ", ".join(LOG_LEVELS),
+    "min_confidence": "a number from 0 to 1",
+    "max_tokens": "1 to 1024",
+    "debounce_ms": "0 to 5000",
+    "context_tokens": "16 to 1000000",
+    "remote": "an http:// or https:// URL",
+    "api_key_env": "an environment variable name",
+}
+
+
 def _check(name: str, value: Any, shown: str) -> str | None:
     """`shown`: the key as the user spelled it, so the message names what they wrote."""
     types_, ok = _CHECKS[name]
+    types_ = types_ if isinstance(types_, tuple) else (types_,)
+    hint = f" (expected {_EXPECTED[name]})" if name in _EXPECTED else ""
     # bool is an int subclass: `maxTokens: true` must not pass as 1.
-    if isinstance(value, bool) and types_ is int:
-        return f"{shown}: expected an integer, got {value!r}"
+    if isinstance(value, bool) and bool not in types_:
+        return f"{shown}: invalid value {value!r}{hint}"
     if not isinstance(value, types_):
-        return f"{shown}: invalid value {value!r}"
+        return f"{shown}: invalid value {value!r}{hint}"
     if ok is not None and not ok(value):
-        return f"{shown}: value out of range: {value!r}"
+        return f"{shown}: invalid value {value!r}{hint}"
     return None
 
 
@@ -122,6 +145,7 @@ def from_cli(args: Any) -> dict[str, Any]:
         "trust_remote_code": "trust_remote_code", "max_tokens": "max_tokens",
         "debounce_ms": "debounce_ms", "context_tokens": "context_tokens",
         "remote": "remote", "remote_model": "remote_model", "api_key_env": "api_key_env",
+        "log_level": "log_level", "min_confidence": "min_confidence",
     }
     out = {}
     for name, attr in mapping.items():
