@@ -44,10 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--debounce-ms", type=int, default=None)
     serve.add_argument("--context-tokens", type=int, default=None, help="prefix token budget")
     serve.add_argument("--log-file", default=None, help="also write the log here")
-    serve.add_argument("--log-level", default=None,
-                       help="debug, info (default), warning or error; debug adds a line per request")
-    serve.add_argument("--min-confidence", type=float, default=None,
-                       help="cut suggestion lines the model is less sure of (0 to 1)")
+    serve.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                       help="debug adds one line per request (default info; setting logLevel)")
     _add_remote_flags(serve)
 
     complete = sub.add_parser("complete", help="complete one position of a file and print the text")
@@ -84,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_remote_flags(bs)
     bs.add_argument("--clients", default=None,
                     help="N editors typing at once (or a sweep: 1,2,4), each its own server")
+
+    bq = bench_sub.add_parser("quality", help="score suggestions against held-out code")
+    _add_model_flags(bq)
+    bq.add_argument("--corpus", default=None, help="folder of .py files (default: benchmarks/heldout)")
+    bq.add_argument("--points", type=int, default=40)
+    bq.add_argument("--json", dest="json_path", default=None, help="write the JSON here")
+    bq.add_argument("--min-confidence", type=float, default=None,
+                    help="the confidence gate's threshold (default: the server's)")
+    bq.add_argument("--sweep", default=None,
+                    help="comma-separated thresholds to score too, from the same generations")
 
     doctor = sub.add_parser("doctor", help="will this draft/target pair fit and speed up?")
     doctor.add_argument("--draft", required=True)
@@ -125,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.bench_command == "server":
         from codespec_lsp.bench_server import run_server_bench
         return run_server_bench(args)
+    if args.command == "bench" and args.bench_command == "quality":
+        from codespec_lsp.bench_quality import run_quality_bench
+        return run_quality_bench(args)
     if args.command == "doctor":
         from codespec_lsp.doctor import run_doctor
         return run_doctor(args)

@@ -41,14 +41,16 @@ class Settings:
     context_tokens: int | None = None
     # Snippets from other open documents inside the prompt (the n-gram drafter reads them anyway).
     other_documents: bool = False
+    # The confidence gate (postprocess): a suggested line whose mean target log-probability per
+    # token is below this is not shown. None: postprocess.DEFAULT_MIN_CONFIDENCE, measured with
+    # `codespec-lsp bench quality`. Lower shows more (and worse) suggestions.
+    min_confidence: float | None = None
     # An OpenAI-compatible server to complete with instead of the in-process engine (remote/).
     remote: str | None = None
     remote_model: str | None = None
     api_key_env: str | None = None   # the NAME of the variable holding the key, never the key
-    # debug | info | warning | error: stderr, the log file and window/logMessage.
-    log_level: str = "info"
-    # Lines the target is less sure of than this (mean token probability) are cut; None: keep all.
-    min_confidence: float | None = None
+    # The server's log level; "debug" adds one line per request. None: info.
+    log_level: str | None = None
 
     def model_key(self) -> tuple:
         return tuple(getattr(self, k) for k in MODEL_KEYS)
@@ -68,11 +70,11 @@ _CHECKS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "debounce_ms": (int, lambda v: 0 <= v <= 5000),
     "context_tokens": ((int, type(None)), lambda v: v is None or 16 <= v <= 1_000_000),
     "other_documents": (bool, None),
+    "min_confidence": ((int, float, type(None)), lambda v: v is None or -20.0 <= v <= 0.0),
     "remote": ((str, type(None)), lambda v: v is None or re.match(r"https?://[^/\s]+", v)),
     "remote_model": ((str, type(None)), None),
     "api_key_env": ((str, type(None)), lambda v: v is None or re.fullmatch(r"[A-Za-z_]\w*", v)),
-    "log_level": (str, lambda v: v in LOG_LEVELS),
-    "min_confidence": ((int, float, type(None)), lambda v: v is None or 0.0 <= v <= 1.0),
+    "log_level": ((str, type(None)), lambda v: v in (None, *LOG_LEVELS)),
 }
 
 
@@ -84,7 +86,7 @@ _EXPECTED = {
     "device": "auto, cpu, mps, cuda or cuda:N",
     "dtype": "float16, bfloat16 or float32",
     "log_level": ", ".join(LOG_LEVELS),
-    "min_confidence": "a number from 0 to 1",
+    "min_confidence": "a mean log-probability from -20 to 0",
     "max_tokens": "1 to 1024",
     "debounce_ms": "0 to 5000",
     "context_tokens": "16 to 1000000",
@@ -145,7 +147,7 @@ def from_cli(args: Any) -> dict[str, Any]:
         "trust_remote_code": "trust_remote_code", "max_tokens": "max_tokens",
         "debounce_ms": "debounce_ms", "context_tokens": "context_tokens",
         "remote": "remote", "remote_model": "remote_model", "api_key_env": "api_key_env",
-        "log_level": "log_level", "min_confidence": "min_confidence",
+        "log_level": "log_level",
     }
     out = {}
     for name, attr in mapping.items():

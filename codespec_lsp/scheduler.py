@@ -429,12 +429,10 @@ class Scheduler:
              max_tokens: int) -> tuple[GenerationResult | None, str | None]:
         if job.cancel.cancelled:
             return None, None  # overtaken while queued: no forward spent
-        options = {} if settings.min_confidence is None else {
-            "min_confidence": settings.min_confidence}
         return complete_at(engine, self._context_builder(engine, settings), req.key,
                            _clean(req.source), req.offset, max_tokens=max_tokens,
                            cancel=job.cancel, others=[(n, _clean(t)) for n, t in req.others],
-                           **options)
+                           min_confidence=settings.min_confidence)
 
     def _warm(self, engine: Any, job: _Job, req: CompletionRequest, settings: Settings) -> None:
         if job.cancel.cancelled:

@@ -110,6 +110,8 @@ class CodespecServer(LanguageServer):
         self.layers = config.SettingsLayers()
         self.settings = self.layers.effective()
         self.host = EngineHost(loader)
+        self.host.notify = lambda level, message: self.show(
+            types.MessageType.Error if level == "error" else types.MessageType.Info, message)
         self.scheduler = Scheduler(self.host, lambda: self.settings)
         self._pending_messages: list[tuple[types.MessageType, str]] = []
         self._tasks: set[asyncio.Task] = set()

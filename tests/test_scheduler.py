@@ -565,21 +565,20 @@ async def test_feedback_with_an_object_id_is_ignored_not_an_error():
 # ------------------------------------------------------------ settings reach the worker
 
 
-async def test_min_confidence_is_passed_only_when_set(monkeypatch):
+async def test_min_confidence_reaches_complete_at(monkeypatch):
     from codespec_lsp import scheduler
 
     seen = []
     real = scheduler.complete_at
 
     def spy(*a, **k):
-        seen.append(k.get("min_confidence", "absent"))
-        k.pop("min_confidence", None)  # until postprocess takes it
+        seen.append(k["min_confidence"])
         return real(*a, **k)
 
     monkeypatch.setattr(scheduler, "complete_at", spy)
     await make(FakeEngine()).complete(req("x = "))
-    await make(FakeEngine(), min_confidence=0.4).complete(req("x = "))
-    assert seen == ["absent", 0.4]
+    await make(FakeEngine(), min_confidence=-1.5).complete(req("x = "))
+    assert seen == [None, -1.5]
 
 
 # ------------------------------------------------------------ the request log line
