@@ -113,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["serve", *argv]  # `codespec-lsp --preset tiny` is how editors start a server
     args = parser.parse_args(argv)
     if args.command in ("complete", "bench"):
-        # No editor to show a message to: a bad value stops here, named (the server instead
-        # shows it to the editor and serves on with the default).
-        from codespec_lsp.config import from_cli, normalize
-        _, errors, _ = normalize(from_cli(args))
+        # No editor to show a message to: a bad model flag (`--dtype float64`) stops here,
+        # named (the server instead shows it to the editor and serves on with the default).
+        # Model flags only: a benchmark may ask for more tokens than an editor setting allows.
+        from codespec_lsp.config import MODEL_KEYS, from_cli, normalize
+        _, errors, _ = normalize({k: v for k, v in from_cli(args).items() if k in MODEL_KEYS})
         if errors:
             for err in errors:
                 print(f"codespec-lsp {args.command}: invalid setting {err}", file=sys.stderr)
