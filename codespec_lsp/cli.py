@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ws", action="store_true", help="listen on WebSocket instead of stdio")
     serve.add_argument("--host", default="127.0.0.1", help="address for --tcp/--ws (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=2087)
+    serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="--ws: let browser pages from ORIGIN connect (repeatable; "
+                            "default: none, a handshake with an Origin header gets 403)")
     serve.add_argument("--max-tokens", type=int, default=None)
     serve.add_argument("--debounce-ms", type=int, default=None)
     serve.add_argument("--context-tokens", type=int, default=None, help="prefix token budget")
@@ -89,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     bq.add_argument("--points", type=int, default=40)
     bq.add_argument("--json", dest="json_path", default=None, help="write the JSON here")
     bq.add_argument("--min-confidence", type=float, default=None,
-                    help="the confidence gate's threshold (default: the server's)")
+                    help="the confidence gate's threshold, a probability 0..1 (default: the server's)")
     bq.add_argument("--sweep", default=None,
                     help="comma-separated thresholds to score too, from the same generations")
 

@@ -57,11 +57,11 @@ class Settings:
         lambda v: 16 <= v <= 1_000_000, "16 to 1000000"))
     # Snippets from other open documents inside the prompt (the n-gram drafter reads them anyway).
     other_documents: bool = False
-    # The confidence gate (postprocess): a suggested line whose mean target log-probability per
-    # token is below this is not shown. None: postprocess.DEFAULT_MIN_CONFIDENCE, measured with
-    # `codespec-lsp bench quality`. Lower shows more (and worse) suggestions.
+    # The confidence gate (postprocess): a suggested line whose tokens' geometric-mean target
+    # probability is below this (0..1) is not shown. None: postprocess.DEFAULT_MIN_CONFIDENCE,
+    # measured with `codespec-lsp bench quality`. Lower shows more (and worse) suggestions.
     min_confidence: float | None = field(default=None, metadata=_rule(
-        lambda v: -20.0 <= v <= 0.0, "a mean log-probability from -20 to 0"))
+        lambda v: 0.0 <= v <= 1.0, "a probability from 0 to 1"))
     # An OpenAI-compatible server to complete with instead of the in-process engine (remote/).
     remote: str | None = field(default=None, metadata=_rule(
         lambda v: re.match(r"https?://[^/\s]+", v), "an http:// or https:// URL"))

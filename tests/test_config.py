@@ -90,8 +90,8 @@ def test_values_are_not_coerced():
 
 
 def test_ints_are_numbers_and_come_back_as_floats():
-    values, errors, _ = normalize({"minConfidence": -2})
-    assert values == {"min_confidence": -2.0} and isinstance(values["min_confidence"], float)
+    values, errors, _ = normalize({"minConfidence": 1})
+    assert values == {"min_confidence": 1.0} and isinstance(values["min_confidence"], float)
     assert not errors
 
 

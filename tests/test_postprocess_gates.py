@@ -1,6 +1,8 @@
 """The quality gates of postprocess.finalize: loops, confidence, re-typed suffix, next line,
 doubled indentation."""
 
+import math
+
 import pytest
 
 from codespec_lsp.config import SettingsLayers
@@ -74,25 +76,25 @@ class TestConfidence:
     def test_an_unconfident_first_line_shows_nothing(self):
         text = "value = compute()"
         out = finalize(text, "    ", "", Mode(False, 0), logprobs=spans(text, [-6.0] * 9),
-                       min_confidence=-2.0)
+                       min_confidence=math.exp(-2.0))
         assert out is None
 
     def test_the_threshold_is_a_setting(self):
         text = "value = compute()"
         lps = spans(text, [-3.0] * 9)
-        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=-2.0) is None
-        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=-4.0) == text
+        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=math.exp(-2.0)) is None
+        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=math.exp(-4.0)) == text
 
     def test_without_logprobs_the_gate_is_off(self):
         assert finalize("value = compute()", "    ", "", Mode(False, 0)) == "value = compute()"
 
     def test_min_confidence_setting_is_read_in_camel_case_and_checked(self):
         layers = SettingsLayers()
-        errors, _ = layers.set_init({"minConfidence": -1.5})
-        assert not errors and layers.effective().min_confidence == -1.5
+        errors, _ = layers.set_init({"minConfidence": 0.2})
+        assert not errors and layers.effective().min_confidence == 0.2
         errors, _ = layers.set_workspace({"codespec": {"minConfidence": 3}})
         assert errors and "minConfidence" in errors[0]
-        assert layers.effective().min_confidence == -1.5
+        assert layers.effective().min_confidence == 0.2
 
 
 class TestNextLine:
@@ -109,10 +111,10 @@ class TestNextLine:
         mode = decide_mode("    x = f(y)", "")
         raw = "\n    return x\n"
         sure = [(len(raw), -0.1)]
-        unsure = [(len(raw), -1.8)]
+        unsure = [(len(raw), -2.8)]
         assert finalize(raw, "    x = f(y)", "", mode, logprobs=sure) == "\n    return x"
         # above the line threshold, but not by the margin that interrupting needs
-        assert -1.8 > DEFAULT_MIN_CONFIDENCE
+        assert -2.8 > math.log(DEFAULT_MIN_CONFIDENCE)
         assert finalize(raw, "    x = f(y)", "", mode, logprobs=unsure) is None
         assert finalize(raw, "    x = f(y)", "", mode) is None  # no confidence known
 

@@ -578,8 +578,8 @@ async def test_min_confidence_reaches_complete_at(monkeypatch):
 
     monkeypatch.setattr(scheduler, "complete_at", spy)
     await make(FakeEngine()).complete(req("x = "))
-    await make(FakeEngine(), min_confidence=-1.5).complete(req("x = "))
-    assert seen == [None, -1.5]
+    await make(FakeEngine(), min_confidence=0.25).complete(req("x = "))
+    assert seen == [None, 0.25]
 
 
 # ------------------------------------------------------------ the request log line
