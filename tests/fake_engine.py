@@ -26,6 +26,8 @@ _PIECE = re.compile(r"\w+|\s|[^\w\s]")
 def default_script(prompt: str) -> str:
     """Predictable code-like continuations keyed on the end of the prompt."""
     line = prompt.rsplit("\n", 1)[-1]
+    if line.endswith("long = "):  # one line far longer than any max tokens: cancel tests
+        return " + ".join(f"v{i}" for i in range(300)) + "\n"
     if line.rstrip().endswith(":"):
         indent = len(line) - len(line.lstrip()) + 4
         return f"\n{' ' * indent}return value + 1\n\ndef other():\n    pass\n"
