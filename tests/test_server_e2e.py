@@ -331,6 +331,27 @@ async def test_cancel_request_stops_the_engine_within_a_forward():
     await client.stop()
 
 
+async def test_debug_log_has_one_line_per_request(tmp_path):
+    """Issue 12 (Neovim item 6): with --log-level debug the server logs each request's id,
+    document, position, outcome, tokens and time, so a client's log can be matched to it."""
+    log_file = tmp_path / "server.log"
+    client = await ClientServerConfig(server_command=FAKE + [
+        "--log-level", "debug", "--log-file", str(log_file)]).start()
+    await client.initialize_session(types.InitializeParams(
+        capabilities=types.ClientCapabilities(), initialization_options={"debounceMs": 0}))
+    await wait_ready(client)
+    uri = open_doc(client, "dbg.py", "x = ")
+    first = await inline(client, uri, 0, 4, msg_id="req-1")
+    await inline(client, uri, 0, 4, msg_id="req-2")
+    await client.shutdown_session()
+    await client.stop()
+    lines = [ln for ln in log_file.read_text().splitlines() if " request id=" in ln]
+    assert len(lines) == 2
+    assert f"request id=req-1 {uri} 0:4 outcome=answered tokens=" in lines[0]
+    assert first.items and "tokens=0 " not in lines[0] and " ms=" in lines[0]
+    assert f"request id=req-2 {uri} 0:4 outcome=repeat tokens=0 ms=" in lines[1]
+
+
 async def test_shutdown_and_exit_end_the_process():
     client = await ClientServerConfig(server_command=FAKE).start()
     await client.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities()))
