@@ -352,6 +352,30 @@ async def test_debug_log_has_one_line_per_request(tmp_path):
     assert f"request id=req-2 {uri} 0:4 outcome=repeat tokens=0 ms=" in lines[1]
 
 
+async def test_invalid_command_line_setting_is_shown_not_only_logged():
+    """Issue 13 item 16: `--dtype float64` was only logged; the user never saw it."""
+    client = await ClientServerConfig(server_command=FAKE + ["--dtype", "float64"]).start()
+    await client.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities()))
+    assert (await wait_ready(client))["state"] == "ready"  # served on with the default dtype
+    shown = [m for m in client.messages if "dtype" in m.message]
+    assert len(shown) == 1 and shown[0].type == types.MessageType.Error
+    assert "float64" in shown[0].message and "float16, bfloat16, float32" in shown[0].message
+    await client.shutdown_session()
+    await client.stop()
+
+
+async def test_nan_weights_are_reported_as_a_load_error():
+    """Issue 13 item 16: a model whose first forward gives NaN loaded as "ready" and answered
+    empty forever."""
+    client = await ClientServerConfig(server_command=FAKE + ["--target", "nan"]).start()
+    await client.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities()))
+    st = await wait_ready(client)
+    assert st["state"] == "error" and "NaN" in (await counters(client))["error"]
+    assert any("NaN" in m.message and m.type == types.MessageType.Error for m in client.messages)
+    await client.shutdown_session()
+    await client.stop()
+
+
 async def test_shutdown_and_exit_end_the_process():
     client = await ClientServerConfig(server_command=FAKE).start()
     await client.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities()))
