@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ws", action="store_true", help="listen on WebSocket instead of stdio")
     serve.add_argument("--host", default="127.0.0.1", help="address for --tcp/--ws (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=2087)
+    serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="--ws: let browser pages from ORIGIN connect (repeatable; "
+                            "default: none, a handshake with an Origin header gets 403)")
     serve.add_argument("--max-tokens", type=int, default=None)
     serve.add_argument("--debounce-ms", type=int, default=None)
     serve.add_argument("--context-tokens", type=int, default=None, help="prefix token budget")

@@ -263,38 +263,6 @@ async def test_accept_events_feed_counters(client: LanguageClient):
     assert c1["accepted"] == c0["accepted"] + 1
 
 
-# -------------------------------------------------------- position mapping (no server)
-
-
-@pytest.mark.parametrize("encoding,col", [
-    (types.PositionEncodingKind.Utf16, 23),
-    (types.PositionEncodingKind.Utf8, len("greeting = '日本😀'; x = ".encode())),
-    (types.PositionEncodingKind.Utf32, 22),
-])
-async def test_offset_in_each_encoding(encoding, col):
-    from pygls.workspace import PositionCodec, TextDocument
-
-    from codespec_lsp.server import _offset
-
-    text = "import os\ngreeting = '日本😀'; x = \nz"
-    doc = TextDocument("file:///p.py", text, position_codec=PositionCodec(encoding))
-    off = _offset(doc, types.Position(line=1, character=col))
-    assert text[:off].endswith("; x = ") and text[off] == "\n"
-    assert _offset(doc, types.Position(line=1, character=col + 1)) is None
-    assert _offset(doc, types.Position(line=3, character=0)) is None
-    assert _offset(doc, types.Position(line=2, character=1)) == len(text)
-
-
-async def test_offset_on_the_line_after_a_final_newline():
-    from pygls.workspace import TextDocument
-
-    from codespec_lsp.server import _offset
-
-    assert _offset(TextDocument("file:///p.py", "x\n"), types.Position(line=1, character=0)) == 2
-    assert _offset(TextDocument("file:///p.py", ""), types.Position(line=0, character=0)) == 0
-    assert _offset(TextDocument("file:///p.py", "x"), types.Position(line=1, character=0)) is None
-
-
 # -------------------------------------------------------- capability variants (fake engine)
 
 FAKE = [sys.executable, str(pathlib.Path(__file__).with_name("fake_engine.py"))]
