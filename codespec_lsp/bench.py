@@ -172,6 +172,8 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
     engine.target_forward_s.clear()
     lossless = True
     wall = {"target": 0.0, "spec": 0.0}
+    parts = ("prefill_s", "draft_s", "verify_s", "other_s")
+    split = {mode: dict.fromkeys(parts, 0.0) for mode in wall}  # where each mode's time went
     proposed = accepted = spec_tokens = spec_forwards = 0
     for i, prompt in enumerate(prompts):
         _prefill(engine, prompt)  # prompt in both caches for both runs: decode against decode
@@ -179,6 +181,8 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
         for mode in (("target", "spec") if i % 2 == 0 else ("spec", "target")):
             runs[mode] = _gen(engine, prompt, max_new_tokens=max_tokens, speculative=(mode == "spec"))
             wall[mode] += runs[mode].wall_s
+            for part in parts:
+                split[mode][part] += getattr(runs[mode], part)
         lossless &= runs["spec"].tokens == runs["target"].tokens
         proposed += runs["spec"].proposed
         accepted += runs["spec"].accepted
@@ -208,6 +212,9 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
         "acceptance_rate": round(accepted / proposed, 4) if proposed else 0.0,
         "tokens_per_target_forward": round(spec_tokens / max(spec_forwards, 1), 3),
         "speedup": round(wall["target"] / wall["spec"], 3),
+        "time_split_s": {m: {k: round(v, 4) for k, v in d.items()} for m, d in split.items()},
+        "time_split_per_request_ms": {m: {k: round(v * 1000 / len(prompts), 3) for k, v in d.items()}
+                                      for m, d in split.items()},
         "next_token_accuracy": round(accuracy, 4),
         "unigram_accuracy": round(unigram, 4),
         "prefill_tokens_per_keystroke": round(statistics.mean(cached), 2),

@@ -4,7 +4,11 @@ Replays typing of Python files one character per keystroke at a fixed interval, 
 inline-completion request per keystroke, cancelling the previous request if it is still pending
 (as VS Code does). Writes JSON with exactly:
   keystrokes, answered, cancelled, superseded, typing_through_hits, latency_ms_p50,
-  latency_ms_p95, wasted_forward_share, rss_mb_start, rss_mb_end, last_keystroke_answered
+  latency_ms_p95, wasted_forward_share, rss_mb_start, rss_mb_end, last_keystroke_answered,
+  backend ("local", or the remote server's kind with --remote)
+With --clients N (or 1,2,4): N editors at once, each its own language server, one backend:
+  {keystrokes_per_client, interval_ms, backend, runs: [{clients, latency_ms_p50, latency_ms_p95,
+  errors, answered, per_client: [the fields above + errors]}]}
 
 - answered/cancelled/superseded/typing_through_hits: the server's own counts (codespec/stats).
 - latency: client side, send → answer, over requests answered before the next keystroke
@@ -48,6 +52,7 @@ class _Doc:
 @dataclass
 class _Tally:
     latencies_ms: list[float] = field(default_factory=list)
+    errors: int = 0  # requests answered with an error (a cancel is not one)
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -74,7 +79,8 @@ def _start_doc(uri: str, text: str) -> _Doc:
 
 def _server_command(args: Any) -> list[str]:
     cmd = [sys.executable, "-m", "codespec_lsp.cli", "serve"]
-    for flag in ("preset", "draft", "target", "device", "dtype", "debounce_ms", "max_tokens"):
+    for flag in ("preset", "draft", "target", "device", "dtype", "debounce_ms", "max_tokens",
+                 "remote", "remote_model", "api_key_env"):
         value = getattr(args, flag, None)
         if value is not None and value != "":
             cmd += ["--" + flag.replace("_", "-"), str(value)]
@@ -97,9 +103,13 @@ class _Client(LanguageClient):
         def _progress(params: Any) -> None:
             return None
 
+        self.errors: list[str] = []
+
         @self.feature(types.WINDOW_SHOW_MESSAGE)
         def _show(params: types.ShowMessageParams) -> None:
             self.messages.append(params.message)
+            if params.type == types.MessageType.Error:
+                self.errors.append(params.message)
 
         @self.feature(types.WINDOW_LOG_MESSAGE)
         def _log(params: types.LogMessageParams) -> None:
@@ -147,10 +157,12 @@ def _type_one(client: _Client, doc: _Doc) -> None:
 
 
 async def replay(client: _Client, keystrokes: int, interval_s: float,
-                 corpus: Path | None) -> tuple[_Tally, bool]:
+                 corpus: Path | None, first: int = 0) -> tuple[_Tally, bool]:
     # A few files, as in a real session: each file the user works in holds a KV prefix entry,
     # and switching among dozens of files would measure the cache bound, not the server.
+    # `first`: where in the corpus this editor starts (editors typing at once type other files).
     sources = _documents(corpus)
+    sources = sources[first % len(sources):] + sources[:first % len(sources)]
     sources = sources[:max(1, min(len(sources), keystrokes // KEYSTROKES_PER_FILE))]
     per_file = max(1, -(-keystrokes // len(sources)))
     tally = _Tally()
@@ -190,6 +202,8 @@ async def replay(client: _Client, keystrokes: int, interval_s: float,
         def done(f: asyncio.Future, msg_id: str = msg_id, sent: float = sent) -> None:
             # Retrieve the error of a cancelled request, or asyncio warns about it at exit.
             failed = f.cancelled() or f.exception() is not None
+            if not f.cancelled() and f.exception() is not None and msg_id in seen_by_user:
+                tally.errors += 1
             if msg_id in seen_by_user and not failed:
                 tally.latencies_ms.append((time.perf_counter() - sent) * 1000)
 
@@ -208,6 +222,12 @@ async def replay(client: _Client, keystrokes: int, interval_s: float,
 
 async def run_bench(args: Any, server_command: list[str] | None = None) -> dict:
     """`server_command` replaces `codespec-lsp serve` (tests drive a fake-engine server)."""
+    return (await _bench_one(args, server_command))[0]
+
+
+async def _bench_one(args: Any, server_command: list[str] | None = None,
+                     first: int = 0) -> tuple[dict, _Tally]:
+    """One editor: its result JSON, and its tally with the error count filled in."""
     import psutil
 
     client = _Client()
@@ -226,7 +246,7 @@ async def run_bench(args: Any, server_command: list[str] | None = None) -> dict:
         s0 = await _request(client, "codespec/stats")
         c0 = await _request(client, "codespec/counters")
         tally, last_ok = await replay(client, args.keystrokes, args.interval_ms / 1000,
-                                      getattr(args, "corpus", None))
+                                      getattr(args, "corpus", None), first)
         await asyncio.sleep(0.5)  # let cancelled generations finish so their forwards count
         s1 = await _request(client, "codespec/stats")
         c1 = await _request(client, "codespec/counters")
@@ -254,11 +274,43 @@ async def run_bench(args: Any, server_command: list[str] | None = None) -> dict:
         "rss_mb_start": round(rss_start, 1),
         "rss_mb_end": round(rss_end, 1),
         "last_keystroke_answered": last_ok,
-    }
+        "backend": s1.get("backend", "local"),
+    }, _Tally(tally.latencies_ms, tally.errors + len(client.errors))
+
+
+async def run_clients(args: Any, counts: list[int],
+                      server_command: list[str] | None = None) -> dict:
+    """N editors typing at once, each with its own language server, all against one backend
+    (`--remote`: one vLLM, or several behind a load balancer): latency and errors per count."""
+    runs = []
+    for n in counts:
+        done = await asyncio.gather(*(_bench_one(args, server_command, first=i)
+                                      for i in range(n)))
+        pooled = [x for _, tally in done for x in tally.latencies_ms]
+        runs.append({
+            "clients": n,
+            "latency_ms_p50": _percentile(pooled, 0.5),
+            "latency_ms_p95": _percentile(pooled, 0.95),
+            "errors": sum(tally.errors for _, tally in done),
+            "answered": sum(r["answered"] for r, _ in done),
+            "per_client": [{**r, "errors": tally.errors} for r, tally in done],
+        })
+    return {"keystrokes_per_client": args.keystrokes, "interval_ms": args.interval_ms,
+            "backend": runs[0]["per_client"][0]["backend"] if runs else None, "runs": runs}
+
+
+def _client_counts(spec: str) -> list[int]:
+    counts = [int(x) for x in str(spec).split(",") if x.strip()]
+    if not counts or min(counts) < 1:
+        raise SystemExit("codespec-lsp bench server: --clients takes counts like 4 or 1,2,4")
+    return counts
 
 
 def run_server_bench(args: Any) -> int:
-    result = asyncio.run(run_bench(args))
+    if getattr(args, "clients", None):
+        result = asyncio.run(run_clients(args, _client_counts(args.clients)))
+    else:
+        result = asyncio.run(run_bench(args))
     text = json.dumps(result, indent=2)
     if getattr(args, "json_path", None):
         Path(args.json_path).write_text(text + "\n")

@@ -22,6 +22,14 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="run model code shipped with a checkpoint (off unless you set it)")
 
 
+def _add_remote_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remote", default=None, metavar="URL",
+                   help="complete with an OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1)")
+    p.add_argument("--remote-model", default=None, help="model name on the server (default: its first)")
+    p.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help="environment variable holding the server's API key")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="codespec-lsp", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
@@ -39,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--debounce-ms", type=int, default=None)
     serve.add_argument("--context-tokens", type=int, default=None, help="prefix token budget")
     serve.add_argument("--log-file", default=None, help="also write the log here")
+    serve.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                       help="debug adds one line per request (default info; setting logLevel)")
+    _add_remote_flags(serve)
 
     complete = sub.add_parser("complete", help="complete one position of a file and print the text")
     complete.add_argument("file")
@@ -51,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     complete.add_argument("--temperature", type=float, default=0.0)
     complete.add_argument("--top-p", type=float, default=1.0)
     complete.add_argument("--json", action="store_true", help="print text plus the engine's counts")
+    _add_remote_flags(complete)
 
     bench = sub.add_parser("bench", help="benchmarks that write JSON")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -70,6 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--debounce-ms", type=int, default=None, help="server debounce (default: its own)")
     bs.add_argument("--max-tokens", type=int, default=None, help="server max tokens (default: its own)")
     bs.add_argument("--json", dest="json_path", default=None)
+    _add_remote_flags(bs)
+    bs.add_argument("--clients", default=None,
+                    help="N editors typing at once (or a sweep: 1,2,4), each its own server")
+
+    bq = bench_sub.add_parser("quality", help="score suggestions against held-out code")
+    _add_model_flags(bq)
+    bq.add_argument("--corpus", default=None, help="folder of .py files (default: benchmarks/heldout)")
+    bq.add_argument("--points", type=int, default=40)
+    bq.add_argument("--json", dest="json_path", default=None, help="write the JSON here")
+    bq.add_argument("--min-confidence", type=float, default=None,
+                    help="the confidence gate's threshold, a probability 0..1 (default: the server's)")
+    bq.add_argument("--sweep", default=None,
+                    help="comma-separated thresholds to score too, from the same generations")
 
     doctor = sub.add_parser("doctor", help="will this draft/target pair fit and speed up?")
     doctor.add_argument("--draft", required=True)
@@ -79,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--k", type=int, default=None)
     doctor.add_argument("--acceptance", type=float, default=None)
     doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--launch", choices=["vllm", "llama-server"], default=None,
+                        help="print the command that serves this pair with speculation on that server")
     return parser
 
 
@@ -100,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.bench_command == "server":
         from codespec_lsp.bench_server import run_server_bench
         return run_server_bench(args)
+    if args.command == "bench" and args.bench_command == "quality":
+        from codespec_lsp.bench_quality import run_quality_bench
+        return run_quality_bench(args)
     if args.command == "doctor":
         from codespec_lsp.doctor import run_doctor
         return run_doctor(args)

@@ -55,6 +55,16 @@ class Detokenizer:
         return new.rstrip("\ufffd")
 
 
+def token_logprobs(tokenizer, prompt: Sequence[int], result: GenerationResult
+                   ) -> list[tuple[int, float]]:
+    """(end offset of each new token's text in result.text's raw form, its target log-prob), what
+    postprocess.finalize's confidence gate reads; empty when the backend reported no log-probs."""
+    if tokenizer is None or len(result.logprobs) != len(result.tokens):
+        return []
+    detok = Detokenizer(tokenizer, prompt)
+    return [(len(detok.add(t)), lp) for t, lp in zip(result.tokens, result.logprobs)]
+
+
 def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
     """(the prompt's ids with BOS, the text `heal` removed for token healing: "" when none)."""
     return backend.encode(prompt), ""
@@ -101,7 +111,9 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     result = run(gen, backend.tokenizer, ids, stop_fn=lambda text: block_end(text, mode))
     if result.cancelled:
         return result, None
-    return result, finalize(result.text, line_prefix, prompt.suffix, mode)
+    return result, finalize(result.text, line_prefix, prompt.suffix, mode,
+                            logprobs=token_logprobs(backend.tokenizer, ids, result),
+                            min_confidence=min_confidence)
 
 
 def prefill_at(backend, builder: ContextBuilder, key: str, source: str, offset: int,
@@ -123,6 +135,17 @@ def offset_of(source: str, line: int, col: int) -> int:
     return sum(len(text) + 1 for text in lines[:line]) + col
 
 
+def _remote_backend(args):
+    """`complete --remote URL`: the server completes; the tokenizer comes from --target or the
+    preset when given (else from the server), so the ids are the in-process engine's."""
+    from codespec_lsp.config import Settings
+    from codespec_lsp.remote import backend_from_settings
+    return backend_from_settings(Settings(
+        preset=args.preset, target=args.target, remote=args.remote,
+        remote_model=getattr(args, "remote_model", None),
+        api_key_env=getattr(args, "api_key_env", None)), notify=None)
+
+
 def run_complete(args) -> int:
     from codespec_lsp.config import default_context_tokens
     from codespec_lsp.engine import ModelLoadError, load_engine
@@ -135,9 +158,13 @@ def run_complete(args) -> int:
         print(f"codespec-lsp complete: {exc}", file=sys.stderr)
         return 2
     try:
-        engine = load_engine(preset=args.preset, draft=args.draft, target=args.target,
-                             device=args.device, dtype=args.dtype, allow_download=args.allow_download,
-                             trust_remote_code=args.trust_remote_code, drafter=args.drafter)
+        if getattr(args, "remote", None):
+            engine = _remote_backend(args)
+        else:
+            engine = load_engine(preset=args.preset, draft=args.draft, target=args.target,
+                                 device=args.device, dtype=args.dtype,
+                                 allow_download=args.allow_download,
+                                 trust_remote_code=args.trust_remote_code, drafter=args.drafter)
     except ModelLoadError as exc:
         print(f"codespec-lsp complete: {exc}", file=sys.stderr)
         return 1
@@ -147,10 +174,17 @@ def run_complete(args) -> int:
     result, text = complete_at(engine, builder, str(path), source, offset, max_tokens=args.max_tokens,
                                speculative=not args.no_speculative, temperature=args.temperature,
                                top_p=args.top_p)
+    if getattr(args, "remote", None):
+        engine.close()
+        for _, message in engine.health.unsent:  # the server's trouble, told once, on stderr
+            print(message, file=sys.stderr)
+        if result.stop_reason == "error":
+            return 1
     if args.json:
         counts = result.to_dict()
         counts.pop("tokens")
         counts["raw_text"] = counts.pop("text")
+        counts["backend"] = getattr(engine, "kind", "local")
         print(json.dumps({"text": text or "", **counts}, indent=2))
     else:
         print(text or "")

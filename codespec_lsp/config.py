@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 # Settings that change which weights are loaded; any change among them triggers a reload.
-MODEL_KEYS = ("preset", "draft", "target", "device", "dtype", "allow_download", "trust_remote_code")
+MODEL_KEYS = ("preset", "draft", "target", "device", "dtype", "allow_download", "trust_remote_code",
+              "remote", "remote_model", "api_key_env")
 
 # Clients nest our settings under this section name (VS Code: "codespec.maxTokens").
 SECTION = "codespec"
@@ -38,6 +39,16 @@ class Settings:
     context_tokens: int | None = None
     # Snippets from other open documents inside the prompt (the n-gram drafter reads them anyway).
     other_documents: bool = False
+    # The confidence gate (postprocess): a suggested line whose tokens' geometric-mean target
+    # probability is below this (0..1) is not shown. None: postprocess.DEFAULT_MIN_CONFIDENCE,
+    # measured with `codespec-lsp bench quality`. Lower shows more (and worse) suggestions.
+    min_confidence: float | None = None
+    # An OpenAI-compatible server to complete with instead of the in-process engine (remote/).
+    remote: str | None = None
+    remote_model: str | None = None
+    api_key_env: str | None = None   # the NAME of the variable holding the key, never the key
+    # The server's log level; "debug" adds one line per request. None: info.
+    log_level: str | None = None
 
     def model_key(self) -> tuple:
         return tuple(getattr(self, k) for k in MODEL_KEYS)
@@ -57,6 +68,11 @@ _CHECKS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "debounce_ms": (int, lambda v: 0 <= v <= 5000),
     "context_tokens": ((int, type(None)), lambda v: v is None or 16 <= v <= 1_000_000),
     "other_documents": (bool, None),
+    "min_confidence": ((int, float, type(None)), lambda v: v is None or 0.0 <= v <= 1.0),
+    "remote": ((str, type(None)), lambda v: v is None or re.match(r"https?://[^/\s]+", v)),
+    "remote_model": ((str, type(None)), None),
+    "log_level": ((str, type(None)), lambda v: v in (None, "debug", "info", "warning", "error")),
+    "api_key_env": ((str, type(None)), lambda v: v is None or re.fullmatch(r"[A-Za-z_]\w*", v)),
 }
 
 
@@ -113,6 +129,8 @@ def from_cli(args: Any) -> dict[str, Any]:
         "dtype": "dtype", "allow_download": "allow_download",
         "trust_remote_code": "trust_remote_code", "max_tokens": "max_tokens",
         "debounce_ms": "debounce_ms", "context_tokens": "context_tokens",
+        "remote": "remote", "remote_model": "remote_model", "api_key_env": "api_key_env",
+        "log_level": "log_level",
     }
     out = {}
     for name, attr in mapping.items():

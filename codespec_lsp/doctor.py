@@ -267,5 +267,68 @@ def run_doctor(args) -> int:
     except (DoctorError, ValueError) as exc:
         print(f"codespec-lsp doctor: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(p.to_json_dict(), indent=2) if args.json else format_report(p, info))
+    out = p.to_json_dict()
+    launch = add_launch(getattr(args, "launch", None), p, info, out)
+    print(json.dumps(out, indent=2) if args.json else format_report(p, info) + launch)
     return 0
+
+
+# ---------------------------------------------------------------- --launch: the pair on a server
+# Kept in one block (owned by the remote backend's work): from the plan's own numbers to the
+# command that serves the same pair with speculative decoding in vLLM or llama-server.
+
+LLAMA_SERVER_NOTE = ("llama-server loads GGUF files: convert both checkpoints with llama.cpp's "
+                     "convert_hf_to_gguf.py and pass their paths; builds older than the "
+                     "--spec-draft-n-max flag call it --draft-max")
+
+
+def _served_name(ref: ModelRef) -> str:
+    """What the server loads: the folder for local models (the embedded pair), else the hub id."""
+    return str(ref.path) if ref.path is not None else ref.name
+
+
+def _memory_fraction(p: planner.Plan, context: int) -> float:
+    """vLLM's --gpu-memory-utilization: what the plan needs at `context` tokens, rounded up to
+    0.05 plus 0.05 of headroom (vLLM's own workspace is larger than the planner's overhead)."""
+    need = (planner.RUNTIME_OVERHEAD_BYTES + (p.draft_weights_gib + p.target_weights_gib) * planner.GiB
+            + (p.draft_kv_bytes_per_token + p.target_kv_bytes_per_token) * context)
+    share = -(-need * 20 // p.gpu_mem_bytes) / 20 + 0.05
+    return round(min(max(share, 0.1), 0.95), 2)
+
+
+def launch_command(server: str, p: planner.Plan, info: dict) -> str | None:
+    """The command line, or None when the pair does not fit at all (nothing to launch)."""
+    import shlex
+    context = min(p.context, p.max_context)
+    if context < 1:
+        return None
+    k = max(p.best_k, 1)  # a server launched for speculation drafts at least one token
+    target, draft = _served_name(info["target"]), _served_name(info["draft"])
+    if server == "vllm":
+        spec = json.dumps({"method": "draft_model", "model": draft, "num_speculative_tokens": k})
+        parts = ["vllm", "serve", target, "--speculative-config", spec, "--max-model-len",
+                 str(context), "--gpu-memory-utilization", str(_memory_fraction(p, context))]
+        if planner.quant_from_config(info["target"].config).method == "gptq":
+            parts += ["--quantization", "gptq"]
+        return shlex.join(parts)
+    if server == "llama-server":
+        gguf = lambda ref: Path(_served_name(ref)).name + ".gguf"  # noqa: E731
+        return shlex.join(["llama-server", "-m", gguf(info["target"]), "-md", gguf(info["draft"]),
+                           "--spec-draft-n-max", str(k), "-c", str(context), "--cache-reuse", "256",
+                           "-ngl", "99", "-ngld", "99", "--host", "127.0.0.1", "--port", "8080"])
+    raise DoctorError(f"--launch {server!r}: choose vllm or llama-server")
+
+
+def add_launch(server: str | None, p: planner.Plan, info: dict, out: dict | None) -> str:
+    """Adds `launch_command` to the JSON dict `out`; returns the text report's lines."""
+    if not server:
+        return ""
+    command = launch_command(server, p, info)
+    if out is not None:
+        out["launch_command"] = command
+    if command is None:
+        return "\nlaunch       none: the pair does not fit at any context"
+    note = f"\n             {LLAMA_SERVER_NOTE}" if server == "llama-server" else ""
+    if "--quantization gptq" in command:
+        note = "\n             on Ampere or newer GPUs, --quantization gptq_marlin runs faster"
+    return f"\nlaunch       {command}{note}"

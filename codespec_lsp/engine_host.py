@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 
 def default_loader(settings: Settings) -> Any:
+    if settings.remote:  # a server does the inference; no weights load here
+        from codespec_lsp.remote import backend_from_settings
+        return backend_from_settings(settings)
     from codespec_lsp.engine import load_engine
     return load_engine(preset=settings.preset, draft=settings.draft, target=settings.target,
                        device=settings.device, dtype=settings.dtype,
@@ -38,6 +41,8 @@ class LoadOutcome:
 
 def plan_warning(engine: Any, context_tokens: int) -> str | None:
     """Ask the planner whether this pair fits and pays; None when fine or when it can't say."""
+    if getattr(engine, "kind", "local") != "local":
+        return None  # the server's pair: `codespec-lsp doctor --launch` plans it
     try:
         from codespec_lsp.doctor import plan_pair
         import psutil
@@ -112,6 +117,8 @@ class EngineHost:
         self._wanted: Settings | None = None
         self._running = False
         self.warmup: tuple[int, float, int] | None = None  # (tokens, wall s, prefill tokens)
+        # (level "error" | "info", message) -> the user; a remote backend reports outages here.
+        self.notify: Callable[[str, str], Any] | None = None
 
     def needs_load(self, settings: Settings) -> bool:
         return settings.model_key() != self._loaded_key
@@ -128,6 +135,8 @@ class EngineHost:
             while self._wanted is not None and self.needs_load(self._wanted):
                 wanted = self._wanted
                 # Drop the old pair first: two pairs at once may not fit in GPU memory.
+                if callable(close := getattr(self.engine, "close", None)):
+                    close()  # a remote backend's connections and thread
                 self.engine, self.state, self.error = None, "loading", None
                 await _maybe_await(on_start(wanted))
                 outcome = await self._load_one(wanted)
@@ -149,10 +158,13 @@ class EngineHost:
             self.state, self.error = "error", f"{name}: {exc}{hint}"
             log.exception("model load failed")
             return LoadOutcome(False, f"codespec: models not loaded: {name}: {exc}{hint}")
+        if self.notify is not None and hasattr(engine, "health"):
+            loop, notify = asyncio.get_running_loop(), self.notify
+            engine.health.set_notify(lambda level, msg: loop.call_soon_threadsafe(notify, level, msg))
         self.warmup = await _in_daemon_thread(_calibrate, engine)
         self.engine, self.state = engine, "ready"
         budget = settings.context_tokens or default_context_tokens(
             engine.context_window, settings.max_tokens)
         warning = await asyncio.to_thread(plan_warning, engine, budget)
-        return LoadOutcome(True, f"codespec: {engine.target_name} + {engine.draft_name} ready "
-                                 f"on {engine.device}", warning)
+        pair = f"{engine.target_name} + {engine.draft_name}" if engine.draft_name else engine.target_name
+        return LoadOutcome(True, f"codespec: {pair} ready on {engine.device}", warning)

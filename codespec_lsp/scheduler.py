@@ -22,6 +22,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
@@ -199,6 +200,16 @@ class CompletionCache:
 # ---------------------------------------------------------------- stats
 
 
+def backend_stats(engine: Any) -> dict:
+    """`backend` and the server's own rates (remote backends read them off its /metrics)."""
+    out = {"backend": "local", "server_acceptance_rate": None, "server_prefix_cache_hit_rate": None}
+    if callable(server_stats := getattr(engine, "server_stats", None)):
+        stats = server_stats()
+        out.update({k: stats.get(k) for k in out})
+    return out
+
+
+
 @dataclass
 class Stats:
     requests: int = 0
@@ -304,6 +315,11 @@ class Scheduler:
         if outcome.text:
             outcome.id = f"c{next(self._ids)}"
             self._shown[outcome.id] = len(outcome.text)
+        if log.isEnabledFor(logging.DEBUG):  # `--log-level debug`: one line per request
+            log.debug("request %s %s@%d: %s, %d tokens, %.0f ms", outcome.id or "-", req.key,
+                      req.offset, outcome.status,
+                      len(outcome.result.tokens) if outcome.result is not None else 0,
+                      (self._clock() - t0) * 1000)
         return outcome
 
     async def _complete(self, req: CompletionRequest) -> Outcome:
@@ -319,8 +335,8 @@ class Scheduler:
         engine = self.host.engine
         if engine is None:
             return Outcome(None, "not_ready")
-        if self._calibrated is not engine:
-            self._calibrated = engine
+        if self._calibrated is None or self._calibrated() is not engine:
+            self._calibrated = weakref.ref(engine)  # weak: a reload must free the old engine
             if self.host.warmup is not None:
                 self.rhythm.generated(self.host.warmup[1], self.host.warmup[0],
                                       self.host.warmup[2])
@@ -367,6 +383,8 @@ class Scheduler:
                 del self._jobs[req.key]
         if result is None or result.cancelled:
             return Outcome(None, "superseded", result=result)
+        if result.stop_reason == "error":  # e.g. the server is down: ask again next time
+            return Outcome(None, "error", result=result)
         self.cache.put(req.key, req.source, req.offset, text or "")
         return Outcome(text, "answered", result=result)
 
@@ -413,7 +431,8 @@ class Scheduler:
         if job.cancel.cancelled:
             return None, None  # overtaken while queued: no forward spent
         return complete_at(engine, self._context_builder(engine, settings), req.key, req.source,
-                           req.offset, max_tokens=max_tokens, cancel=job.cancel, others=req.others)
+                           req.offset, max_tokens=max_tokens, cancel=job.cancel, others=req.others,
+                           min_confidence=settings.min_confidence)
 
     def _warm(self, engine: Any, job: _Job, req: CompletionRequest, settings: Settings) -> None:
         if job.cancel.cancelled:
@@ -427,11 +446,13 @@ class Scheduler:
     def _context_builder(self, engine: Any, settings: Settings) -> ContextBuilder:
         budget = settings.context_tokens or default_context_tokens(
             engine.context_window, settings.max_tokens)
-        key = (id(engine), budget, settings.other_documents)
-        if self._builder is None or self._builder[0] != key:
-            self._builder = key, ContextBuilder(engine.count_tokens, budget,
+        key = (budget, settings.other_documents)
+        if self._builder is None or self._builder[0] != key or self._builder[2]() is not engine:
+            count = weakref.WeakMethod(engine.count_tokens)  # weak: a reload frees the old engine
+            self._builder = key, ContextBuilder(lambda text: count()(text), budget,
                                                 fim_tokens=engine.fim_tokens,
-                                                other_documents=settings.other_documents)
+                                                other_documents=settings.other_documents), \
+                weakref.ref(engine)
         return self._builder[1]
 
     # ------------------------------------------------------------ reporting
@@ -467,6 +488,7 @@ class Scheduler:
             "target": getattr(engine, "target_name", None),
             "device": getattr(engine, "device", None),
             "state": self.host.state,
+            **backend_stats(engine),
         }
 
     def counters(self) -> dict:

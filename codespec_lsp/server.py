@@ -80,8 +80,11 @@ class CodespecServer(LanguageServer):
         super().__init__("codespec-lsp", _version(), protocol_cls=CodespecProtocol)
         self.layers = config.SettingsLayers()
         self.settings = self.layers.effective()
-        # A TCP/WebSocket server hands one host (the loaded models) from session to session.
+        # A TCP/WebSocket server hands one host (the loaded models) from session to session;
+        # its messages go to the session now connected.
         self.host = host or EngineHost(loader)
+        self.host.notify = lambda level, message: self.show(
+            types.MessageType.Error if level == "error" else types.MessageType.Info, message)
         self.scheduler = Scheduler(self.host, lambda: self.settings)
         self._pending_messages: list[tuple[types.MessageType, str]] = []
         self._tasks: set[asyncio.Task] = set()
@@ -135,6 +138,7 @@ class CodespecServer(LanguageServer):
         if unknown:
             log.info("ignoring unknown %s settings: %s", origin, ", ".join(unknown))
         self.settings = self.layers.effective()
+        _apply_log_level(self.settings)
         if self.host.needs_load(self.settings):
             self.spawn(self.load_models())
 
@@ -232,21 +236,29 @@ def build_server(args: Any = None, loader=default_loader,
     cli_values, cli_errors, _ = config.normalize(config.from_cli(args) if args else {})
     server.layers.cli = cli_values
     server.settings = server.layers.effective()
-    for err in cli_errors:
-        log.error("invalid command-line setting, using the default: %s", err)
+    _apply_log_level(server.settings)
+    # Shown once the client can see messages (at `initialized`), not only logged.
+    cli_messages = [(types.MessageType.Error,
+                     f"codespec: invalid command-line setting, using the default: {err}")
+                    for err in cli_errors]
+    for _, msg in cli_messages:
+        log.error("%s", msg)
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: CodespecServer, params: types.InitializeParams) -> None:
         errors, unknown = ls.layers.set_init(params.initialization_options)
         ls.settings = ls.layers.effective()
-        ls._pending_messages = [(types.MessageType.Error, e) for e in errors]
+        _apply_log_level(ls.settings)
+        ls._pending_messages = cli_messages + [
+            (types.MessageType.Error, f"codespec: ignoring invalid initializationOptions "
+                                      f"setting: {e}") for e in errors]
         if unknown:
             log.info("ignoring unknown initializationOptions: %s", ", ".join(unknown))
 
     @server.feature(types.INITIALIZED)
     async def initialized(ls: CodespecServer, params: types.InitializedParams) -> None:
         for kind, msg in ls._pending_messages:
-            ls.show(kind, f"codespec: ignoring invalid initializationOptions setting: {msg}")
+            ls.show(kind, msg)
         ls._pending_messages = []
         if ls.host.state == "ready" and not ls.host.needs_load(ls.settings):
             ls.notify_ready()  # a later TCP/WebSocket session on models already loaded
@@ -371,6 +383,12 @@ def _completion_id(params: Any) -> str | None:
     args = _get(_get(_get(params, "item"), "command"), "arguments")
     return args[0] if isinstance(args, (list, tuple)) and args and \
         isinstance(args[0], str) else None
+
+
+def _apply_log_level(settings: config.Settings) -> None:
+    """`logLevel` / `--log-level`: "debug" adds one line per request (scheduler)."""
+    if settings.log_level:
+        logging.getLogger("codespec_lsp").setLevel(settings.log_level.upper())
 
 
 def _setup_logging(log_file: str | None) -> None:

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 
 BENCH_FIELDS = ["preset", "device", "points", "lossless", "acceptance_rate",
-                "tokens_per_target_forward", "speedup", "next_token_accuracy", "unigram_accuracy",
+                "tokens_per_target_forward", "speedup", "time_split_s", "time_split_per_request_ms",
+                "next_token_accuracy", "unigram_accuracy",
                 "prefill_tokens_per_keystroke", "prefill_tokens_per_keystroke_nocache",
                 "cancel_latency_ms_p95", "target_forward_ms_p50"]
 
@@ -49,6 +50,9 @@ def test_bench_engine_fields_and_invariants():
     assert list(out) == BENCH_FIELDS
     assert out["points"] == 2 and out["preset"] == "tiny" and out["device"] == "cpu"
     assert out["lossless"] is True
+    split = out["time_split_s"]
+    assert split["target"]["draft_s"] == 0.0 and split["spec"]["verify_s"] > 0.0
+    assert all(v >= 0.0 for d in split.values() for v in d.values())
     assert 0.0 <= out["acceptance_rate"] <= 1.0 and out["tokens_per_target_forward"] >= 1.0
     assert out["next_token_accuracy"] > out["unigram_accuracy"] > 0
     assert out["prefill_tokens_per_keystroke"] < out["prefill_tokens_per_keystroke_nocache"]

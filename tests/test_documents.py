@@ -59,6 +59,13 @@ def test_split_lines_matches_the_three_lsp_breaks():
     assert documents.split_lines("") == []
 
 
+@pytest.mark.parametrize("brk", ["\n", "\r\n", "\r"])
+def test_each_lsp_line_break_splits(brk):
+    doc = documents.Document("file:///p.py", f"a{brk}bc")
+    assert doc.offset_at(pos(1, 2), strict=True) == len(f"a{brk}bc")
+    assert doc.position_at(len(f"a{brk}b")) == pos(1, 1)
+
+
 def test_crlf_counts_as_one_break_and_the_middle_is_the_line_end():
     doc = opened("ab\r\ncd").get_text_document("file:///t.py")
     assert doc.offset_at(pos(1, 1)) == 5

@@ -21,6 +21,7 @@ STATS_FIELDS = {
     "requests", "answered", "cancelled", "superseded", "typing_through_hits",
     "cache_reused_tokens", "prefill_tokens", "acceptance_rate", "tokens_per_target_forward",
     "latency_ms_p50", "latency_ms_p95", "draft", "target", "device", "state",
+    "backend", "server_acceptance_rate", "server_prefix_cache_hit_rate",
 }
 
 
@@ -562,3 +563,22 @@ async def test_missing_or_failing_planner_never_breaks_loading(monkeypatch):
     done = []
     await host.load(Settings(), on_done=done.append)
     assert done[0].ok and done[0].warning is None and host.state == "ready"
+
+
+async def test_reload_frees_the_old_engine():
+    """Bug 4: the scheduler (calibration mark, context builder's count_tokens) kept the old
+    engine alive after a reload: two model pairs in memory."""
+    import gc
+    import weakref
+
+    old = FakeEngine()
+    s = make(None)  # make(old)'s loader would hold it: a host holds only its current engine
+    s.host.engine, s.host.state = old, "ready"
+    assert (await s.complete(req("x = "))).status == "answered"
+    ref = weakref.ref(old)
+    s.host.engine = None  # reloading: the new pair loads while nothing else holds the old one
+    del old
+    gc.collect()
+    assert ref() is None
+    s.host.engine = FakeEngine()
+    assert (await s.complete(req("x = 1"))).status == "answered"

@@ -29,6 +29,7 @@ STATS_FIELDS = {
     "requests", "answered", "cancelled", "superseded", "typing_through_hits",
     "cache_reused_tokens", "prefill_tokens", "acceptance_rate", "tokens_per_target_forward",
     "latency_ms_p50", "latency_ms_p95", "draft", "target", "device", "state",
+    "backend", "server_acceptance_rate", "server_prefix_cache_hit_rate",
 }
 PY = """import os
 import sys
@@ -430,7 +431,7 @@ async def wait_state_not(client, state: str, limit_s: float = 30) -> dict:
 BENCH_FIELDS = {
     "keystrokes", "answered", "cancelled", "superseded", "typing_through_hits",
     "latency_ms_p50", "latency_ms_p95", "wasted_forward_share", "rss_mb_start", "rss_mb_end",
-    "last_keystroke_answered",
+    "last_keystroke_answered", "backend",
 }
 
 

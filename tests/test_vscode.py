@@ -1,7 +1,7 @@
 """The VS Code extension (editors/vscode): a clean `npm ci`, the TypeScript build, its unit tests
 (the extension's own logic, run under Node with a stubbed `vscode` module) and the .vsix
-package, all in a copy of the folder so the working tree is left alone. A real VS Code cannot be
-downloaded here: editors/README.md says what this does and does not cover.
+package, all in a copy of the folder so the working tree is left alone. The real VS Code
+(code-server in headless Chromium) is tests/test_vscode_e2e.py.
 """
 
 from __future__ import annotations
@@ -62,41 +62,78 @@ def test_unit_tests_pass(built):
 
 
 @needs_npm
-def test_vsix_holds_the_compiled_extension_and_its_runtime_dependencies(built):
+def test_vsix_is_the_bundle_and_the_manifest(built):
+    """esbuild bundles the extension with vscode-languageclient into one file: the .vsix holds
+    it, the manifest, readme and licence, and nothing else (no sources, tests, node_modules)."""
     run([NPM, "run", "package"], built, timeout=600)
     vsix = built / "codespec-lsp.vsix"
     assert vsix.exists()
     with zipfile.ZipFile(vsix) as z:
-        names = set(z.namelist())
+        names = {n for n in z.namelist() if not n.endswith("/")}
         manifest = json.loads(z.read("extension/package.json"))
-        client = json.loads(z.read("extension/node_modules/vscode-languageclient/package.json"))
-    assert "extension/" + manifest["main"].lstrip("./") in names
-    assert {"extension/out/src/settings.js", "extension/out/src/status.js"} <= names
-    # Only what runs inside VS Code: no sources, tests, or build tools.
-    assert not [n for n in names if n.startswith(("extension/src/", "extension/test/",
-                                                  "extension/out/test/"))]
-    assert not [n for n in names if "/node_modules/typescript/" in n or "/@vscode/vsce" in n]
+        bundle = z.read("extension/dist/extension.js").decode()
+    assert names == {"[Content_Types].xml", "extension.vsixmanifest", "extension/package.json",
+                     "extension/readme.md", "extension/LICENSE.txt", "extension/dist/extension.js"}
+    assert manifest["main"] == "./dist/extension.js"
+    assert "dependencies" not in manifest, "runtime dependencies belong in the bundle"
+    # The client is inside the bundle; `vscode` is the one module left to VS Code.
+    assert "inlineCompletionProvider" in bundle and 'require("vscode")' in bundle
     # vscode-languageclient 10.0.1 is the first with inline completion built in.
+    client = json.loads((built / "node_modules" / "vscode-languageclient" / "package.json").read_text())
     major, minor, patch = (int(x) for x in client["version"].split(".")[:3])
     assert (major, minor, patch) >= (10, 0, 1)
 
 
+def test_manifest_activation_scopes_and_trust():
+    """What VS Code reads from package.json before any code runs."""
+    manifest = json.loads((EXT / "package.json").read_text())
+    props = manifest["contributes"]["configuration"]["properties"]
+    # Activation cannot follow codespec.languages: the extension activates after start-up and
+    # starts the server when a document of one of those languages opens (src/extension.ts).
+    assert "onStartupFinished" in manifest["activationEvents"]
+    # Settings that pick the program, send code elsewhere or run a checkpoint's code are the
+    # user's own: a cloned repository's .vscode/settings.json cannot set them.
+    for key in ("server.path", "server.args", "allowDownload", "trustRemoteCode", "remote",
+                "apiKeyEnv"):
+        assert props[f"codespec.{key}"].get("scope") == "machine", key
+    trust = manifest["capabilities"]["untrustedWorkspaces"]
+    assert trust["supported"] == "limited"
+    machine = {k for k, v in props.items() if v.get("scope") == "machine"}
+    restricted = set(trust["restrictedConfigurations"])
+    assert restricted and not restricted & machine and restricted <= set(props)
+    assert {"codespec.preset", "codespec.draft", "codespec.target"} <= restricted
+    assert manifest["repository"]["directory"] == "editors/vscode"
+    # One name everywhere: the package, the .vsix, and editors/README.md's install line.
+    assert manifest["name"] == "codespec-lsp"
+    assert "codespec-lsp.vsix" in manifest["scripts"]["package"]
+    assert "code --install-extension codespec-lsp.vsix" in (ROOT / "editors" / "README.md").read_text()
+    for key, spec in props.items():
+        assert spec.get("description") or spec.get("markdownDescription"), key
+
+
 def test_settings_mirror_the_server():
-    """Every server-side setting in package.json is one codespec_lsp.config reads, and the
-    other way round for the settings a user picks (model pair, device, budgets)."""
+    """Every server setting is a VS Code setting, and every server-side setting in package.json
+    is one codespec_lsp.config reads, with a matching type."""
     from dataclasses import fields
 
     from codespec_lsp import config
 
     props = json.loads((EXT / "package.json").read_text())["contributes"]["configuration"]["properties"]
     client_only = {"server.path", "server.args", "languages", "trace.server"}
-    server_side = {k.removeprefix("codespec.") for k in props} - client_only
-    snake = {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower() for k in server_side}
-    server_fields = {f.name for f in fields(config.Settings)}
-    assert snake <= server_fields, snake - server_fields
-    wanted = {"enable", "preset", "draft", "target", "device", "max_tokens", "debounce_ms",
-              "context_tokens"}
-    assert wanted <= snake, wanted - snake
+    server_side = {k.removeprefix("codespec."): v for k, v in props.items()
+                   if k.removeprefix("codespec.") not in client_only}
+    snake = {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): k for k in server_side}
+    server_fields = {f.name: f for f in fields(config.Settings)}
+    assert set(snake) <= set(server_fields), sorted(set(snake) - set(server_fields))
+    assert set(server_fields) <= set(snake), sorted(set(server_fields) - set(snake))
+    json_types = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    for name, key in snake.items():
+        default = server_fields[name].default
+        declared = server_side[key]["type"]
+        declared = declared if isinstance(declared, list) else [declared]
+        if default is not None:
+            want = json_types[type(default)]
+            assert want in declared or (want == "integer" and "number" in declared), (key, declared)
 
 
 def _server_executable() -> str | None:

@@ -12,6 +12,7 @@ Contracts:
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from collections.abc import Sequence
 
@@ -99,8 +100,12 @@ class Engine:
         }
         # The request being served, checked before every decoder layer (hf.install_cancel_check).
         self._cancel: CancelToken | None = None
-        for model in {id(m): m for m in (target, draft) if m is not None}.values():
-            hf.install_cancel_check(model, self._should_stop)
+        # The hooks hold the engine weakly and go when it does: a model outliving its Engine (a
+        # reload, a test building several) neither keeps it alive nor runs a dead engine's checks.
+        should_stop = weakref.WeakMethod(self._should_stop)
+        hooks = [h for m in {id(m): m for m in (target, draft) if m is not None}.values()
+                 for h in hf.install_cancel_check(m, lambda: (should_stop() or (lambda: False))())]
+        weakref.finalize(self, lambda: [h.remove() for h in hooks])
         self.target_forward_s: deque[float] = deque(maxlen=512)  # recent target forward times
         self._verify_s: dict[int, float] = {}                     # n tokens -> EMA seconds
 
@@ -279,7 +284,8 @@ class Engine:
                 room = max_new_tokens - new_count - 1
                 t0 = time.perf_counter()
                 proposal, source_name, draft_s = self._draft(sources, seq, room, sampling, cancel)
-                result.draft_s += time.perf_counter() - t0
+                if sources:  # target-only: no drafting time, however small the call
+                    result.draft_s += time.perf_counter() - t0
                 if is_cancelled():
                     result.cancelled = True
                     break

@@ -41,20 +41,19 @@ def crop_layers(cache: DynamicCache, length: int) -> None:
             layer.crop(-extra)
 
 
-def install_cancel_check(model: PreTrainedModel, should_stop: Callable[[], bool]) -> bool:
+def install_cancel_check(model: PreTrainedModel, should_stop: Callable[[], bool]) -> list:
     """Check `should_stop` before every decoder layer, so a cancel waits for one layer, not a
-    whole forward. False for models whose layers are not at `model.model.layers`."""
+    whole forward. Returns the hook handles (the caller removes them when done); none for models
+    whose layers are not at `model.model.layers`."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
-        return False
+        return []
 
     def check(module, args):
         if should_stop():
             raise ForwardCancelled()
 
-    for layer in layers:
-        layer.register_forward_pre_hook(check)
-    return True
+    return [layer.register_forward_pre_hook(check) for layer in layers]
 
 
 def cache_nbytes(cache: DynamicCache) -> int:

@@ -140,9 +140,101 @@ do
   local d = marks[1][4]
   eq('inline', d.virt_text_pos, 'inline virtual text')
   eq({ { { '    return 1', 'CodespecSuggestion' } }, { { '', 'CodespecSuggestion' } } }, d.virt_lines, 'virtual lines')
-  eq({ row = 0, col = 4, text = ' # why\n    return 1\n', count = 1 }, ghost.shown(b), 'read back')
+  eq({ row = 0, col = 4, text = ' # why\n    return 1\n', count = 1, hidden = 0 }, ghost.shown(b), 'read back')
   ghost.clear(b)
   eq(nil, ghost.shown(b), 'cleared')
+end
+
+-- A multi-line suggestion at the bottom of the window: the window scrolls so every line an
+-- accept would insert is on screen, with the cursor line still on it.
+local function screen_lines_through_ghost(win, row)
+  local top = vim.fn.line('w0') - 1
+  return vim.api.nvim_win_text_height(win, { start_row = top, end_row = row + 1, end_vcol = 0 }).all
+end
+
+do
+  local lines = {}
+  for i = 1, 60 do
+    lines[i] = 'x' .. i .. ' = ' .. i
+  end
+  local b = vim.api.nvim_create_buf(true, false)
+  vim.api.nvim_set_current_buf(b)
+  vim.api.nvim_buf_set_lines(b, 0, -1, true, lines)
+  local win = vim.api.nvim_get_current_win()
+  local height = vim.api.nvim_win_get_height(win)
+  -- The cursor on the window's last line.
+  vim.api.nvim_win_set_cursor(0, { height, 0 })
+  vim.cmd('redraw')
+  eq(1, vim.fn.line('w0'), 'starts at the top')
+  local row = height - 1
+  ghost.show(b, row, 0, 'a\nb\nc\nd\ne')
+  vim.cmd('redraw')
+  eq(true, screen_lines_through_ghost(win, row) <= height, 'the 4 lines below the cursor are on screen')
+  eq(true, vim.fn.line('w0') > 1 and vim.fn.line('w$') >= row + 1, 'scrolled, cursor line still shown')
+  eq({ 'a\nb\nc\nd\ne', 0 }, { ghost.shown(b).text, ghost.shown(b).hidden }, 'nothing hidden')
+
+  -- Taller than the window: what fits is shown, the last line says how many more an accept inserts.
+  local tall = {}
+  for i = 1, height + 10 do
+    tall[i] = 'line' .. i
+  end
+  ghost.show(b, row, 0, table.concat(tall, '\n'))
+  vim.cmd('redraw')
+  local d = vim.api.nvim_buf_get_extmarks(b, ghost.ns, 0, -1, { details = true })[1][4]
+  local note = d.virt_lines[#d.virt_lines][1]
+  eq('CodespecSuggestionMore', note[2], 'the note has its own highlight')
+  local more = #tall - #d.virt_lines
+  eq(('… %d more lines (accept inserts all)'):format(more), note[1], 'the note counts the hidden lines')
+  eq(row + 1, vim.fn.line('w0'), 'the cursor line went to the top')
+  eq(true, screen_lines_through_ghost(win, row) <= height, 'what is drawn fits')
+  eq(table.concat(tall, '\n'), ghost.shown(b).text, 'read back: the whole suggestion')
+  ghost.clear(b)
+end
+
+-- Without true colour the ghost text still has a colour of its own (not the text's).
+do
+  vim.o.termguicolors = false
+  ghost.define_highlights()
+  local hl = vim.api.nvim_get_hl(0, { name = 'CodespecSuggestion', link = false })
+  eq(true, hl.ctermfg ~= nil and hl.fg ~= nil, 'cterm and gui colours: ' .. vim.inspect(hl))
+  eq(nil, hl.link, 'not a link')
+  -- The user's own definition wins.
+  vim.api.nvim_set_hl(0, 'CodespecSuggestion', { ctermfg = 33 })
+  ghost.define_highlights()
+  eq(33, vim.api.nvim_get_hl(0, { name = 'CodespecSuggestion' }).ctermfg, 'a user definition is kept')
+end
+
+-- An accept key that comes before the suggestion could be seen keeps its own meaning.
+do
+  local b = buffer('x = f')
+  local col = #'x = f'
+  local client = fake_client('utf-16')
+  local st = suggest.state(b)
+  st.sugg = assert(suggest._from_item(client, b, { insertText = 'oo()' }, 0, col))
+  suggest.opts.accept_after_ms = 200
+  eq(false, suggest.acceptable(b), 'just shown: not acceptable')
+  eq(1, st.counts.too_early, 'counted')
+  st.sugg.shown_at = vim.uv.now() - 250
+  eq(true, suggest.acceptable(b), 'shown for 250 ms: acceptable')
+  st.sugg = nil
+  eq(false, suggest.acceptable(b), 'nothing shown')
+end
+
+-- setup({}) sends an object, not a list; log_level goes as logLevel; --log-file is added once.
+do
+  local codespec = require('codespec')
+  codespec.setup({ cmd = { 'codespec-lsp' }, log_file = vim.fn.tempname() .. '/codespec.log' })
+  eq('{}', vim.json.encode(codespec.server_settings()), 'empty settings encode as an object')
+  codespec.setup({ settings = { preset = 'tiny' }, log_level = 'debug', log_file = false })
+  eq({ preset = 'tiny', logLevel = 'debug' }, codespec.server_settings(), 'log_level is sent as logLevel')
+  eq({ 'codespec-lsp' }, codespec.server_cmd(), 'log_file = false: no --log-file')
+  local tmplog = vim.fn.tempname() .. '/b.log'
+  codespec.setup({ cmd = { 'x', 'serve' }, log_file = tmplog })
+  eq({ 'x', 'serve', '--log-file', tmplog }, codespec.server_cmd(), 'the log file is added')
+  eq(tmplog, codespec.log_file(), 'and read back')
+  codespec.setup({ cmd = { 'x', '--log-file', '/tmp/mine.log' }, log_file = tmplog })
+  eq({ 'x', '--log-file', '/tmp/mine.log' }, codespec.server_cmd(), "the user's own --log-file wins")
+  eq('/tmp/mine.log', codespec.log_file(), 'and :CodespecLog opens it')
 end
 
 io.stdout:write('codespec unit checks passed\n')

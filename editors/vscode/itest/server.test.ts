@@ -37,6 +37,13 @@ test(
     const host = createHost(settings);
     install(host);
     const ext: typeof import('../src/extension') = require('../src/extension');
+    // A Python file is open when the extension activates: that starts the server.
+    const doc = new TextDocument(
+      Uri.file('/tmp/codespec-itest/fib.py'),
+      'python',
+      'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n',
+    );
+    host.open(doc);
     const codespec = await ext.activate({ subscriptions: [] } as any);
     try {
       assert.equal(codespec.client?.state, RUNNING, host.logs.join('\n'));
@@ -44,12 +51,6 @@ test(
       assert.equal(host.inlineProviders.length, 1, `missing APIs: ${[...missing].join(', ')}`);
       const provider = host.inlineProviders[0].provider;
 
-      const doc = new TextDocument(
-        Uri.file('/tmp/codespec-itest/fib.py'),
-        'python',
-        'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n',
-      );
-      host.open(doc);
       const stats = await waitFor('the models to load', async () => {
         const s = await codespec.fetchStats();
         if (s?.state === 'error') throw new Error(`model load failed: ${JSON.stringify(s)}`);

@@ -11,6 +11,8 @@
  * partial accepts are not reported.
  */
 
+import * as readline from 'node:readline';
+
 import * as vscode from 'vscode';
 import {
   DidChangeConfigurationNotification,
@@ -28,10 +30,14 @@ import {
   serverCommand,
   serverSettings,
 } from './settings';
+import { LevelReader, logLine } from './log';
 import { type Phase, type Stats, statsLines, statusView } from './status';
 
 const SECTION = 'codespec';
 const DID_SHOW = 'codespec/didShowCompletion';
+const READY = 'codespec/ready';
+// The ready notification and the stats poll may both report one load: one re-ask.
+const READY_DEDUP_MS = 1000;
 const POLL_LOADING_MS = 1000;
 const POLL_READY_MS = 5000;
 
@@ -54,6 +60,9 @@ export class Codespec implements vscode.Disposable {
   readonly output: vscode.LogOutputChannel;
   readonly statusItem: vscode.StatusBarItem;
   private stats: Stats | null = null;
+  private lastReadyAt = 0;
+  /** Re-asks made because the models became ready (for the tests and the details list). */
+  reasked = 0;
   private lastError: string | undefined;
   private timer: ReturnType<typeof setTimeout> | undefined;
   private clientListener: vscode.Disposable | undefined;
@@ -66,7 +75,6 @@ export class Codespec implements vscode.Disposable {
     this.statusItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
     this.statusItem.command = 'codespec.showStats';
     this.statusItem.name = 'codespec';
-    this.statusItem.show();
     this.disposables.push(
       this.output,
       this.statusItem,
@@ -104,6 +112,16 @@ export class Codespec implements vscode.Disposable {
       documentSelector: documentSelector(this.settings),
       initializationOptions: () => serverSettings(this.settings),
       outputChannel: this.output,
+      // Each stderr line at its own level (vscode-languageclient would file them all as errors).
+      stdioOptions: {
+        stdout: (input, channel) => {
+          readline.createInterface({ input, crlfDelay: Infinity }).on('line', (l) => channel.info(l));
+        },
+        stderr: (input, channel) => {
+          const reader = new LevelReader();
+          readline.createInterface({ input, crlfDelay: Infinity }).on('line', (l) => logLine(reader, channel, l));
+        },
+      },
       middleware: {
         provideInlineCompletionItems: async (document, position, context, token, next) => {
           if (!this.settings.enable) return null;
@@ -127,8 +145,11 @@ export class Codespec implements vscode.Disposable {
     this.lastError = undefined;
     this.clientListener = client.onDidChangeState(() => this.render());
     this.render();
+    // Shown from the first start on: before it there is nothing to report.
+    this.statusItem.show();
     try {
       await client.start();
+      client.onNotification(READY, () => this.onReady());
     } catch (err) {
       this.lastError = err instanceof Error ? err.message : String(err);
       this.output.error(`codespec-lsp failed to start (${command} ${args.join(' ')}): ${this.lastError}`);
@@ -201,11 +222,28 @@ export class Codespec implements vscode.Disposable {
     this.schedulePoll(0);
   }
 
+  /**
+   * The models are loaded (`codespec/ready`, or the stats poll saw loading turn to ready): what
+   * was asked while they loaded got empty answers, so ask VS Code to ask again at the cursor, so
+   * that a user who typed and paused sees a suggestion without another keystroke.
+   */
+  onReady(): void {
+    const now = Date.now();
+    if (now - this.lastReadyAt < READY_DEDUP_MS) return;
+    this.lastReadyAt = now;
+    const editor = vscode.window.activeTextEditor;
+    if (!this.settings.enable || !editor || !this.settings.languages.includes(editor.document.languageId)) return;
+    this.reasked += 1;
+    void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
+  }
+
   /** `codespec/stats`, or null when the server is not running or does not answer. */
   async fetchStats(): Promise<Stats | null> {
     if (this.client?.state !== State.Running) return null;
     try {
+      const before = this.stats?.state;
       this.stats = await this.client.sendRequest<Stats>('codespec/stats');
+      if (before === 'loading' && this.stats?.state === 'ready') this.onReady();
       this.lastError = undefined;
     } catch (err) {
       this.lastError = err instanceof Error ? err.message : String(err);
@@ -257,11 +295,30 @@ export class Codespec implements vscode.Disposable {
 
 let instance: Codespec | undefined;
 
+function wanted(doc: vscode.TextDocument, s: ExtensionSettings): boolean {
+  return s.languages.includes(doc.languageId) && (doc.uri.scheme === 'file' || doc.uri.scheme === 'untitled');
+}
+
+/**
+ * VS Code activates the extension once start-up has finished (activation events cannot follow a
+ * setting such as codespec.languages); the server, which loads the models, starts only when a
+ * document of one of those languages is open.
+ */
 export async function activate(context: vscode.ExtensionContext): Promise<Codespec> {
-  instance = new Codespec();
-  context.subscriptions.push({ dispose: () => void instance?.dispose() });
-  await instance.start();
-  return instance;
+  const codespec = new Codespec();
+  instance = codespec;
+  context.subscriptions.push({ dispose: () => void codespec.dispose() });
+  if (vscode.workspace.textDocuments.some((d) => wanted(d, codespec.settings))) {
+    await codespec.start();
+    return codespec;
+  }
+  const waiting = vscode.workspace.onDidOpenTextDocument((doc) => {
+    if (codespec.client || !wanted(doc, codespec.settings)) return;
+    waiting.dispose();
+    void codespec.start();
+  });
+  context.subscriptions.push(waiting);
+  return codespec;
 }
 
 export async function deactivate(): Promise<void> {

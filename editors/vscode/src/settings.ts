@@ -22,9 +22,18 @@ export interface ExtensionSettings {
   draft: string | null;
   target: string | null;
   device: string;
+  dtype: string | null;
+  allowDownload: boolean;
+  trustRemoteCode: boolean;
   maxTokens: number | null;
   debounceMs: number | null;
   contextTokens: number | null;
+  otherDocuments: boolean;
+  minConfidence: number | null;
+  remote: string | null;
+  remoteModel: string | null;
+  apiKeyEnv: string | null;
+  logLevel: string | null;
 }
 
 /** The keys codespec-lsp reads (codespec_lsp/config.py); it reports any other key as an error. */
@@ -34,9 +43,18 @@ export type ServerSettings = Partial<{
   draft: string;
   target: string;
   device: string;
+  dtype: string;
+  allowDownload: boolean;
+  trustRemoteCode: boolean;
   maxTokens: number;
   debounceMs: number;
   contextTokens: number;
+  otherDocuments: boolean;
+  minConfidence: number;
+  remote: string;
+  remoteModel: string;
+  apiKeyEnv: string;
+  logLevel: string;
 }>;
 
 function text(v: unknown): string | null {
@@ -45,6 +63,10 @@ function text(v: unknown): string | null {
 
 function int(v: unknown): number | null {
   return typeof v === 'number' && Number.isInteger(v) ? v : null;
+}
+
+function num(v: unknown): number | null {
+  return typeof v === 'number' && Number.isFinite(v) ? v : null;
 }
 
 function strings(v: unknown, fallback: string[]): string[] {
@@ -63,22 +85,41 @@ export function readSettings(cfg: ConfigLike): ExtensionSettings {
     draft: text(cfg.get('draft')),
     target: text(cfg.get('target')),
     device: text(cfg.get('device')) ?? 'auto',
+    dtype: text(cfg.get('dtype')),
+    allowDownload: cfg.get<boolean>('allowDownload') === true,
+    trustRemoteCode: cfg.get<boolean>('trustRemoteCode') === true,
     maxTokens: int(cfg.get('maxTokens')),
     debounceMs: int(cfg.get('debounceMs')),
     contextTokens: int(cfg.get('contextTokens')),
+    otherDocuments: cfg.get<boolean>('otherDocuments') === true,
+    minConfidence: num(cfg.get('minConfidence')),
+    remote: text(cfg.get('remote')),
+    remoteModel: text(cfg.get('remoteModel')),
+    apiKeyEnv: text(cfg.get('apiKeyEnv')),
+    logLevel: text(cfg.get('logLevel')),
   };
 }
 
-/** What the server is told: only what is set, so unset settings keep the server's defaults. */
+/** The server-side keys, in the order they are sent. */
+export const SERVER_KEYS = [
+  'enable', 'preset', 'draft', 'target', 'device', 'dtype', 'allowDownload', 'trustRemoteCode',
+  'maxTokens', 'debounceMs', 'contextTokens', 'otherDocuments', 'minConfidence', 'remote',
+  'remoteModel', 'apiKeyEnv', 'logLevel',
+] as const;
+
+/**
+ * What the server is told: only what is set, so unset settings keep the server's defaults.
+ * Booleans always go: a later didChangeConfiguration that left out `allowDownload: false` would
+ * leave the server on the `true` it was started with.
+ */
 export function serverSettings(s: ExtensionSettings): ServerSettings {
-  const out: ServerSettings = { enable: s.enable, device: s.device };
-  if (s.preset !== null) out.preset = s.preset;
-  if (s.draft !== null) out.draft = s.draft;
-  if (s.target !== null) out.target = s.target;
-  if (s.maxTokens !== null) out.maxTokens = s.maxTokens;
-  if (s.debounceMs !== null) out.debounceMs = s.debounceMs;
-  if (s.contextTokens !== null) out.contextTokens = s.contextTokens;
-  return out;
+  const out: Record<string, unknown> = {};
+  for (const key of SERVER_KEYS) {
+    const v = s[key];
+    if (v === null) continue;
+    out[key] = v;
+  }
+  return out as ServerSettings;
 }
 
 export interface ServerCommand {

@@ -20,6 +20,8 @@ export interface Stats {
   draft?: string | null;
   target?: string | null;
   device?: string | null;
+  /** `local`, `vllm`, `llama-server` or `openai` (servers with the remote backend). */
+  backend?: string | null;
   [key: string]: unknown;
 }
 
@@ -56,7 +58,13 @@ function progress(stats: Stats): string {
 
 function models(stats: Stats): string {
   const where = stats.device ? ` on ${stats.device}` : '';
-  return `draft ${stats.draft ?? '?'} → target ${stats.target ?? '?'}${where}`;
+  const backend = stats.backend ? `${stats.backend}: ` : '';
+  return `${backend}draft ${stats.draft ?? '?'} → target ${stats.target ?? '?'}${where}`;
+}
+
+/** The backend as the status bar names it, e.g. ` vllm`; nothing from a server that does not say. */
+function backendLabel(stats: Stats): string {
+  return typeof stats.backend === 'string' && stats.backend !== '' ? ` ${stats.backend}` : '';
 }
 
 export function statusView(phase: Phase, stats?: Stats | null, error?: string): StatusView {
@@ -89,8 +97,8 @@ export function statusView(phase: Phase, stats?: Stats | null, error?: string): 
   const answered = num(stats.answered) ?? 0;
   const text =
     answered === 0
-      ? '$(zap) codespec'
-      : `$(zap) codespec ${percent(stats.acceptance_rate)} · ${ms(stats.latency_ms_p50)}`;
+      ? `$(zap) codespec${backendLabel(stats)}`
+      : `$(zap) codespec${backendLabel(stats)} ${percent(stats.acceptance_rate)} · ${ms(stats.latency_ms_p50)}`;
   const tooltip = [
     models(stats),
     `draft acceptance ${percent(stats.acceptance_rate)}, ` +
@@ -105,7 +113,7 @@ export function statusView(phase: Phase, stats?: Stats | null, error?: string): 
 /** One line per stat, for the details list; known keys first in a fixed order. */
 export function statsLines(stats: Stats): string[] {
   const order = [
-    'state', 'draft', 'target', 'device', 'requests', 'answered', 'cancelled', 'superseded',
+    'state', 'backend', 'draft', 'target', 'device', 'requests', 'answered', 'cancelled', 'superseded',
     'typing_through_hits', 'acceptance_rate', 'tokens_per_target_forward', 'latency_ms_p50',
     'latency_ms_p95', 'cache_reused_tokens', 'prefill_tokens',
   ];

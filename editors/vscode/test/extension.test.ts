@@ -39,6 +39,7 @@ afterEach(async () => {
 const context = () => ({ subscriptions: [] as { dispose(): unknown }[] }) as any;
 const settle = () => new Promise((r) => setTimeout(r, 20));
 const neverCancelled = { isCancellationRequested: false };
+const offSwitches = { allowDownload: false, trustRemoteCode: false, otherDocuments: false };
 
 test('activation starts the configured server with the settings as initializationOptions', async () => {
   await ext.activate(context());
@@ -48,7 +49,9 @@ test('activation starts the configured server with the settings as initializatio
     command: '/venv/bin/codespec-lsp',
     args: ['serve', '--log-file', '/tmp/codespec.log'],
   });
-  assert.deepEqual(client.clientOptions.initializationOptions(), { enable: true, device: 'cpu', preset: 'tiny' });
+  assert.deepEqual(client.clientOptions.initializationOptions(), {
+    enable: true, device: 'cpu', preset: 'tiny', allowDownload: false, trustRemoteCode: false, otherDocuments: false,
+  });
   assert.deepEqual(client.clientOptions.documentSelector, [
     { scheme: 'file', language: 'python' },
     { scheme: 'untitled', language: 'python' },
@@ -78,7 +81,7 @@ test('toggle writes the setting, tells the server, and stops asking it for compl
   assert.deepEqual(vscode.updates, [['enable', false, 1]]);
   assert.deepEqual(client.notifications.at(-1), [
     'workspace/didChangeConfiguration',
-    { settings: { enable: false, device: 'cpu', preset: 'tiny' } },
+    { settings: { enable: false, device: 'cpu', preset: 'tiny', ...offSwitches } },
   ]);
   assert.equal(vscode.statusItem.text, '$(circle-slash) codespec');
   let asked = false;
@@ -114,7 +117,7 @@ test('a new server path restarts the server; a model setting only reconfigures i
   assert.equal(FakeClient.instances.length, 1);
   assert.deepEqual(first.notifications.at(-1), [
     'workspace/didChangeConfiguration',
-    { settings: { enable: true, device: 'cpu', preset: 'tiny', maxTokens: 32 } },
+    { settings: { enable: true, device: 'cpu', preset: 'tiny', maxTokens: 32, ...offSwitches } },
   ]);
   // The executable: the old server stops, a new one starts with the new command.
   vscode.config['server.path'] = '/other/codespec-lsp';
@@ -146,3 +149,68 @@ test('show stats lists actions and every stat; show log opens the output channel
   assert.equal(vscode.outputShown, 1);
 });
 
+
+test('with no document of a configured language open, the server waits for one', async () => {
+  vscode.documents = [{ languageId: 'markdown', uri: { scheme: 'file' } }];
+  vscode.config.languages = ['python', 'rust'];
+  await ext.activate(context());
+  assert.equal(FakeClient.instances.length, 0, 'no server for a markdown file');
+  assert.equal(vscode.statusItem.shown, false, 'no status before there is a server');
+  vscode.openDocument('rust');
+  await settle();
+  assert.equal(FakeClient.instances.length, 1, 'a rust file (in codespec.languages) starts it');
+  assert.equal(vscode.statusItem.shown, true);
+  vscode.openDocument('python');
+  await settle();
+  assert.equal(FakeClient.instances.length, 1, 'one server for every language');
+});
+
+test('codespec/ready makes VS Code ask again at the cursor, once per load', async () => {
+  const codespec = await ext.activate(context());
+  const client = FakeClient.instances[0];
+  client.receive('codespec/ready', {});
+  assert.deepEqual(vscode.executed, ['editor.action.inlineSuggest.trigger']);
+  // The stats poll seeing loading turn to ready reports the same load: no second trigger.
+  FakeClient.statsReply = { state: 'loading' };
+  await codespec.fetchStats();
+  FakeClient.statsReply = { state: 'ready' };
+  await codespec.fetchStats();
+  assert.equal(codespec.reasked, 1);
+  assert.equal(vscode.executed.length, 1);
+});
+
+test('a server without codespec/ready: the poll seeing the load end re-asks', async () => {
+  const codespec = await ext.activate(context());
+  FakeClient.statsReply = { state: 'loading' };
+  await codespec.fetchStats();
+  assert.deepEqual(vscode.executed, []);
+  FakeClient.statsReply = { state: 'ready' };
+  await codespec.fetchStats();
+  assert.deepEqual(vscode.executed, ['editor.action.inlineSuggest.trigger']);
+});
+
+test('ready does not trigger in an editor of another language, or while suggestions are off', async () => {
+  vscode.activeLanguage = 'markdown';
+  const codespec = await ext.activate(context());
+  FakeClient.instances[0].receive('codespec/ready');
+  assert.deepEqual(vscode.executed, []);
+  assert.equal(codespec.reasked, 0);
+});
+
+test('the server stderr goes to the output channel at each line\'s own level', async () => {
+  await ext.activate(context());
+  const { Readable } = await import('node:stream');
+  const lines: [string, string][] = [];
+  const channel = Object.fromEntries(
+    ['trace', 'debug', 'info', 'warn', 'error'].map((l) => [l, (m: string) => lines.push([l, m])]),
+  );
+  const stderr = Readable.from([
+    '2026-12-03 18:00:00,001 INFO codespec_lsp: loading tiny\n',
+    '2026-12-03 18:00:01,002 DEBUG codespec_lsp.scheduler: request 3 file.py 4:8 shown 12 tokens 40 ms\n',
+    '2026-12-03 18:00:02,003 ERROR codespec_lsp: load failed\nTraceback (most recent call last):\n',
+    '2026-12-03 18:00:03,004 WARNING codespec_lsp: slow\n',
+  ]);
+  FakeClient.instances[0].clientOptions.stdioOptions.stderr(stderr, channel);
+  await new Promise((r) => setTimeout(r, 50));
+  assert.deepEqual(lines.map(([l]) => l), ['info', 'debug', 'error', 'error', 'warn']);
+});

@@ -27,12 +27,54 @@ const defaults = {
   maxTokens: null,
   debounceMs: null,
   contextTokens: null,
+  dtype: null,
+  allowDownload: false,
+  trustRemoteCode: false,
+  otherDocuments: false,
+  minConfidence: null,
+  remote: null,
+  remoteModel: null,
+  apiKeyEnv: null,
+  logLevel: null,
 };
 
-test('defaults start `codespec-lsp serve` and tell the server only enable and device', () => {
+const offSwitches = { allowDownload: false, trustRemoteCode: false, otherDocuments: false };
+
+test('defaults start `codespec-lsp serve` and tell the server only enable, device and the switches', () => {
   const s = readSettings(config(defaults));
   assert.deepEqual(serverCommand(s), { command: 'codespec-lsp', args: ['serve'] });
-  assert.deepEqual(serverSettings(s), { enable: true, device: 'auto' });
+  // The switches always go, so turning one off later reaches a server started with it on.
+  assert.deepEqual(serverSettings(s), { enable: true, device: 'auto', ...offSwitches });
+});
+
+test('every server setting goes under its own key', () => {
+  const s = readSettings(
+    config({
+      ...defaults,
+      dtype: 'bfloat16',
+      allowDownload: true,
+      trustRemoteCode: true,
+      otherDocuments: true,
+      minConfidence: 0.35,
+      remote: 'http://127.0.0.1:8000/v1',
+      remoteModel: 'codellama',
+      apiKeyEnv: 'VLLM_KEY',
+      logLevel: 'debug',
+    }),
+  );
+  assert.deepEqual(serverSettings(s), {
+    enable: true,
+    device: 'auto',
+    dtype: 'bfloat16',
+    allowDownload: true,
+    trustRemoteCode: true,
+    otherDocuments: true,
+    minConfidence: 0.35,
+    remote: 'http://127.0.0.1:8000/v1',
+    remoteModel: 'codellama',
+    apiKeyEnv: 'VLLM_KEY',
+    logLevel: 'debug',
+  });
 });
 
 test('set values become initializationOptions in the server\'s camelCase keys', () => {
@@ -58,12 +100,17 @@ test('set values become initializationOptions in the server\'s camelCase keys', 
     maxTokens: 64,
     debounceMs: 0,
     contextTokens: 1024,
+    ...offSwitches,
   });
 });
 
 test('the server never receives keys it does not know (it reports them as errors)', () => {
   const s = readSettings(config({ ...defaults, preset: 'tiny', 'server.args': ['--log-file', 'x'] }));
-  const known = ['enable', 'preset', 'draft', 'target', 'device', 'maxTokens', 'debounceMs', 'contextTokens'];
+  const known = [
+    'enable', 'preset', 'draft', 'target', 'device', 'dtype', 'allowDownload', 'trustRemoteCode',
+    'maxTokens', 'debounceMs', 'contextTokens', 'otherDocuments', 'minConfidence', 'remote',
+    'remoteModel', 'apiKeyEnv', 'logLevel',
+  ];
   for (const key of Object.keys(serverSettings(s))) assert.ok(known.includes(key), key);
 });
 

@@ -73,3 +73,11 @@ test('details list: contract keys first in a fixed order, then any extra keys so
   assert.ok(lines.includes('latency_ms_p95: 182 ms'));
   assert.deepEqual(lines.slice(-2), ['alpha: {"nested":true}', 'zeta: 1']);
 });
+
+test('the backend is in the bar and the tooltip when the server names it', () => {
+  const v = statusView('running', { ...ready, backend: 'vllm' });
+  assert.equal(v.text, '$(zap) codespec vllm 81% · 43 ms');
+  assert.match(v.tooltip, /^vllm: draft tiny\/draft/);
+  assert.equal(statusView('running', { ...ready, answered: 0, backend: 'local' }).text, '$(zap) codespec local');
+  assert.equal(statsLines({ state: 'ready', backend: 'llama-server', draft: 'd' })[1], 'backend: llama-server');
+});

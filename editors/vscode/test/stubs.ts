@@ -17,6 +17,7 @@ export class FakeClient {
 
   state: number = State.Stopped;
   notifications: [string, unknown][] = [];
+  handlers = new Map<string, (params: unknown) => void>();
   requests: string[] = [];
   stopped = false;
   disposed = false;
@@ -63,6 +64,16 @@ export class FakeClient {
     this.notifications.push([typeof type === 'string' ? type : type.method, params]);
   }
 
+  onNotification(method: string, fn: (params: unknown) => void) {
+    this.handlers.set(method, fn);
+    return { dispose: () => this.handlers.delete(method) };
+  }
+
+  /** The server sending a notification. */
+  receive(method: string, params?: unknown) {
+    this.handlers.get(method)?.(params);
+  }
+
   async sendRequest(method: string) {
     this.requests.push(method);
     return FakeClient.statsReply;
@@ -75,7 +86,12 @@ export interface FakeVscode {
   updates: [string, unknown, number][];
   errors: unknown[][];
   quickPicks: { items: any[]; options: any }[];
-  statusItem: { text: string; tooltip: string; command?: string };
+  statusItem: { text: string; tooltip: string; command?: string; shown: boolean };
+  /** Open documents; a Python file by default, so activation starts the server. */
+  documents: { languageId: string; uri: { scheme: string } }[];
+  activeLanguage: string | undefined;
+  executed: string[];
+  openDocument(languageId: string): void;
   outputShown: number;
   module: any;
 }
@@ -88,10 +104,19 @@ export function makeVscode(config: Record<string, unknown>): FakeVscode {
     updates: [],
     errors: [],
     quickPicks: [],
-    statusItem: { text: '', tooltip: '' },
+    statusItem: { text: '', tooltip: '', shown: false },
     outputShown: 0,
     module: undefined,
+    documents: [{ languageId: 'python', uri: { scheme: 'file' } }],
+    activeLanguage: 'python',
+    executed: [],
+    openDocument(languageId: string) {
+      const doc = { languageId, uri: { scheme: 'file' } };
+      fake.documents.push(doc);
+      for (const l of openListeners) l(doc);
+    },
   };
+  const openListeners: ((d: unknown) => void)[] = [];
   const disposable = { dispose() {} };
   const configuration = {
     get: (key: string) => fake.config[key],
@@ -110,12 +135,21 @@ export function makeVscode(config: Record<string, unknown>): FakeVscode {
     window: {
       createOutputChannel: () => ({
         show: () => (fake.outputShown += 1),
+        trace() {},
+        debug() {},
         info() {},
         warn() {},
         error() {},
         dispose() {},
       }),
-      createStatusBarItem: () => Object.assign(fake.statusItem, { show() {}, dispose() {} }),
+      createStatusBarItem: () =>
+        Object.assign(fake.statusItem, {
+          show: () => (fake.statusItem.shown = true),
+          dispose() {},
+        }),
+      get activeTextEditor() {
+        return fake.activeLanguage ? { document: { languageId: fake.activeLanguage } } : undefined;
+      },
       showErrorMessage: async (...args: unknown[]) => {
         fake.errors.push(args);
         return undefined;
@@ -131,12 +165,22 @@ export function makeVscode(config: Record<string, unknown>): FakeVscode {
         fake.commands.set(id, fn);
         return { dispose: () => fake.commands.delete(id) };
       },
-      executeCommand: async () => undefined,
+      executeCommand: async (id: string) => {
+        fake.executed.push(id);
+        return undefined;
+      },
     },
     workspace: {
       getConfiguration: (section: string) => {
         if (section !== 'codespec') throw new Error(`unexpected section ${section}`);
         return configuration;
+      },
+      get textDocuments() {
+        return fake.documents;
+      },
+      onDidOpenTextDocument: (fn: (d: unknown) => void) => {
+        openListeners.push(fn);
+        return { dispose: () => openListeners.splice(openListeners.indexOf(fn), 1) };
       },
       onDidChangeConfiguration: (fn: Listener) => {
         listeners.push(fn);

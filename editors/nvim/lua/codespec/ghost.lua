@@ -9,10 +9,27 @@ local M = {}
 M.ns = vim.api.nvim_create_namespace('codespec')
 M.hl = 'CodespecSuggestion'
 
+M.hl_more = 'CodespecSuggestionMore'
+
+-- A grey that reads as "not typed yet" on dark and light backgrounds alike.
+local CTERM_GREY = 244
+
 function M.define_highlights()
+  -- Comment's colours where it has them, but never no colour at all: without true colour
+  -- (tmux-256color, no COLORTERM) the default scheme's Comment may have no cterm colour, and
+  -- a link would draw the ghost text in the typed text's colour, looking like real code.
   -- `default` lets a colorscheme or the user restyle it; re-run on ColorScheme since
   -- `:hi clear` drops groups it does not know.
-  vim.api.nvim_set_hl(0, M.hl, { link = 'Comment', default = true })
+  local c = vim.api.nvim_get_hl(0, { name = 'Comment', link = false })
+  local hl = {
+    fg = c.fg or 0x808080,
+    ctermfg = c.ctermfg or CTERM_GREY,
+    italic = c.italic,
+    cterm = { italic = c.cterm and c.cterm.italic or nil },
+    default = true,
+  }
+  vim.api.nvim_set_hl(0, M.hl, hl)
+  vim.api.nvim_set_hl(0, M.hl_more, vim.tbl_extend('force', hl, { italic = true, cterm = { italic = true } }))
 end
 
 --- Virtual text is drawn as is: a literal tab would show as `^I` (or a single cell), so tabs
@@ -36,7 +53,41 @@ local function expand_tabs(bufnr, s, start_col)
   return table.concat(out)
 end
 
---- Draw `text` as the suggestion at (row, col), both 0-based, col in bytes.
+--- Screen lines the window shows from its top line through buffer row `row` and the virtual
+--- lines below it.
+local function height_through(win, top, row)
+  local last = vim.api.nvim_buf_line_count(vim.api.nvim_win_get_buf(win)) - 1
+  if row >= last then
+    return vim.api.nvim_win_text_height(win, { start_row = top }).all
+  end
+  -- Virtual lines below `row` count as filler above `row + 1`; end_vcol = 0 takes none of that
+  -- line's own text.
+  return vim.api.nvim_win_text_height(win, { start_row = top, end_row = row + 1, end_vcol = 0 }).all
+end
+
+--- Scroll `win` so the virtual lines below `row` are on screen, keeping `row` itself on screen.
+--- Returns how many virtual lines still do not fit (the suggestion is taller than the window).
+local function fit(win, row)
+  local height = vim.api.nvim_win_get_height(win)
+  local view = vim.api.nvim_win_call(win, vim.fn.winsaveview)
+  local top = view.topline - 1
+  local need = height_through(win, top, row)
+  while need > height and top < row do
+    top = top + 1
+    need = height_through(win, top, row)
+  end
+  if top + 1 ~= view.topline then
+    vim.api.nvim_win_call(win, function()
+      vim.fn.winrestview({ topline = top + 1 })
+    end)
+  end
+  return math.max(need - height, 0)
+end
+
+--- Draw `text` as the suggestion at (row, col), both 0-based, col in bytes. Below the bottom
+--- of the window the lines would be hidden while an accept inserts them all, so the window
+--- scrolls to show them; when they still do not fit, the last line shown says how many more
+--- an accept inserts.
 function M.show(bufnr, row, col, text)
   M.clear(bufnr)
   local lines = vim.split(text, '\n', { plain = true })
@@ -53,10 +104,32 @@ function M.show(bufnr, row, col, text)
       return { { expand_tabs(bufnr, l, 0), M.hl } }
     end, lines)
   end
-  return vim.api.nvim_buf_set_extmark(bufnr, M.ns, row, col, opts)
+  local id = vim.api.nvim_buf_set_extmark(bufnr, M.ns, row, col, opts)
+  local win = vim.api.nvim_get_current_win()
+  if #lines == 0 or vim.api.nvim_win_get_buf(win) ~= bufnr then
+    return id
+  end
+  local hidden = fit(win, row)
+  if hidden > 0 then
+    -- Keep what fits, minus one line for the note; the extmark keeps the full text in `more`.
+    local keep = math.max(#lines - hidden - 1, 0)
+    local more = #lines - keep
+    opts.virt_lines = vim.list_slice(opts.virt_lines, 1, keep)
+    opts.virt_lines[#opts.virt_lines + 1] = {
+      { ('… %d more line%s (accept inserts all)'):format(more, more == 1 and '' or 's'), M.hl_more },
+    }
+    opts.id = id
+    vim.api.nvim_buf_set_extmark(bufnr, M.ns, row, col, opts)
+    M.hidden[bufnr] = vim.list_slice(lines, keep + 1)
+  end
+  return id
 end
 
+--- Lines of the drawn suggestion that did not fit in the window, per buffer.
+M.hidden = {}
+
 function M.clear(bufnr)
+  M.hidden[bufnr] = nil
   if vim.api.nvim_buf_is_valid(bufnr) then
     vim.api.nvim_buf_clear_namespace(bufnr, M.ns, 0, -1)
   end
@@ -74,14 +147,25 @@ function M.shown(bufnr)
   for _, chunk in ipairs(d.virt_text or {}) do
     parts[1] = parts[1] .. chunk[1]
   end
-  for _, vl in ipairs(d.virt_lines or {}) do
+  local hidden = M.hidden[bufnr]
+  for i, vl in ipairs(d.virt_lines or {}) do
+    if hidden and i == #d.virt_lines then
+      break -- the note, standing for the hidden lines
+    end
     local s = ''
     for _, chunk in ipairs(vl) do
       s = s .. chunk[1]
     end
     parts[#parts + 1] = s
   end
-  return { row = row, col = col, text = table.concat(parts, '\n'), count = #marks }
+  vim.list_extend(parts, hidden or {})
+  return {
+    row = row,
+    col = col,
+    text = table.concat(parts, '\n'),
+    count = #marks,
+    hidden = hidden and #hidden or 0,
+  }
 end
 
 return M

@@ -50,10 +50,18 @@ function M.check()
   if vim.fn.executable(exe) == 1 then
     h.ok(('%s -> %s'):format(table.concat(cfg.cmd, ' '), vim.fn.exepath(exe)))
   else
+    -- codespec-lsp is not on PyPI: it installs from a clone of its repository.
     h.error(('`%s` is not executable'):format(exe), {
-      'pip install codespec-lsp (or the repo: pip install -e .)',
-      "or point setup{ cmd = { '/path/to/venv/bin/codespec-lsp' } } at it",
+      'install it from a clone of the repository: `make demo` there (or `bash scripts/setup.sh`) '
+        .. 'makes .venv/bin/codespec-lsp; or `pip install -e /path/to/codespec-lsp` in a venv of yours',
+      "then point setup{ cmd = { '/path/to/codespec-lsp/.venv/bin/codespec-lsp' } } at it, "
+        .. 'or put that bin folder on PATH',
     })
+  end
+
+  local log = codespec.config and codespec.log_file()
+  if log then
+    h.info('server log (:CodespecLog): ' .. log)
   end
 
   h.start('codespec: running server')

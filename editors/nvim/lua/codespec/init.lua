@@ -32,6 +32,15 @@ M.defaults = {
   },
   native = false,
   enabled = true,
+  -- The server's log level (its `logLevel` setting): 'debug' adds one line per request.
+  -- nil keeps the server's default.
+  log_level = nil,
+  -- The server writes its log here (`--log-file`) with each line's own level; :CodespecLog opens
+  -- it. Neovim's LSP log files every stderr line as [ERROR], whatever its level. false: no file.
+  log_file = vim.fn.stdpath('log') .. '/codespec-lsp.log',
+  -- A suggestion younger than this does not take an accept key: the user cannot have seen it,
+  -- and the key (a Tab meant as indentation) keeps its own meaning.
+  accept_after_ms = 200,
 }
 
 M.config = nil
@@ -40,15 +49,66 @@ local function native()
   return M.config.native and vim.lsp.inline_completion ~= nil
 end
 
+--- An empty Lua table encodes as a JSON list; the server wants an object.
+local function object(t)
+  return next(t) == nil and vim.empty_dict() or t
+end
+
+--- The settings the server is sent: the user's, plus logLevel from `log_level`.
+function M.server_settings()
+  local s = vim.deepcopy(M.config.settings or {})
+  if M.config.log_level and s.logLevel == nil then
+    s.logLevel = M.config.log_level
+  end
+  return object(s)
+end
+
+--- The command line: the user's, plus --log-file unless it names one already.
+function M.server_cmd()
+  local cmd = vim.deepcopy(M.config.cmd)
+  if type(cmd) ~= 'table' or not M.config.log_file or vim.tbl_contains(cmd, '--log-file') then
+    return cmd
+  end
+  vim.fn.mkdir(vim.fs.dirname(M.config.log_file), 'p')
+  cmd[#cmd + 1] = '--log-file'
+  cmd[#cmd + 1] = M.config.log_file
+  return cmd
+end
+
+--- The log file the server writes, from --log-file in its command line.
+function M.log_file()
+  local cmd = M.server_cmd()
+  for i, arg in ipairs(type(cmd) == 'table' and cmd or {}) do
+    if arg == '--log-file' then
+      return cmd[i + 1]
+    end
+  end
+end
+
+local function on_ready(client_id)
+  local client = vim.lsp.get_client_by_id(client_id)
+  if client and client.name == 'codespec' then
+    suggest.on_ready(client)
+  end
+end
+
 local function server_config(bufnr)
   local cfg = M.config
+  local settings = M.server_settings()
   return {
     name = 'codespec',
-    cmd = cfg.cmd,
+    cmd = M.server_cmd(),
     root_dir = vim.fs.root(bufnr, cfg.root_markers) or vim.fn.getcwd(),
-    init_options = cfg.settings,
+    init_options = settings,
     -- Answers a `workspace/configuration` pull for the `codespec` section.
-    settings = { codespec = cfg.settings },
+    settings = { codespec = settings },
+    handlers = {
+      -- The models are loaded: ask again at the cursor, so a user who typed while they loaded
+      -- and then paused gets a suggestion without another keystroke.
+      ['codespec/ready'] = function(_, _, ctx)
+        on_ready(ctx.client_id)
+      end,
+    },
   }
 end
 
@@ -64,7 +124,7 @@ local function map_keys(bufnr)
     end
     -- An expr map runs under textlock, so it only decides; the edit runs in the <Cmd> it returns.
     vim.keymap.set('i', lhs, function()
-      if suggest.visible(bufnr) then
+      if suggest.acceptable(bufnr) then
         return rhs_when_shown
       end
       return lhs
@@ -81,7 +141,12 @@ local function map_keys(bufnr)
   map(km.accept, '<Cmd>lua require("codespec").accept()<CR>', 'codespec: accept suggestion')
   map(km.accept_word, '<Cmd>lua require("codespec").accept_word()<CR>', 'codespec: accept word')
   map(km.accept_line, '<Cmd>lua require("codespec").accept_line()<CR>', 'codespec: accept line')
-  map(km.dismiss, '<Cmd>lua require("codespec").dismiss()<CR>', 'codespec: dismiss')
+  -- Dismiss needs no delay: it only hides.
+  if km.dismiss then
+    vim.keymap.set('i', km.dismiss, function()
+      return suggest.visible(bufnr) and '<Cmd>lua require("codespec").dismiss()<CR>' or km.dismiss
+    end, { buffer = bufnr, expr = true, replace_keycodes = true, desc = 'codespec: dismiss' })
+  end
 end
 
 local attached = {}
@@ -256,9 +321,14 @@ local function define_commands()
   cmd('CodespecRestart', M.restart, { desc = 'codespec-lsp: restart the server' })
   cmd('CodespecToggle', M.toggle, { desc = 'codespec-lsp: turn suggestions on or off' })
   cmd('CodespecLog', function()
-    -- The server's log lines (stderr, window/logMessage) land in the LSP client log.
-    vim.cmd.split(vim.fn.fnameescape(vim.lsp.get_log_path()))
-  end, { desc = 'codespec-lsp: open the LSP log' })
+    -- The server's own file keeps each line's level; without one, the LSP client log (where
+    -- stderr lines are all filed as [ERROR] by Neovim, whatever their level).
+    local file = M.log_file()
+    if not (file and vim.uv.fs_stat(file)) then
+      file = vim.lsp.get_log_path()
+    end
+    vim.cmd.split(vim.fn.fnameescape(file))
+  end, { desc = 'codespec-lsp: open the server log' })
 end
 
 function M.setup(opts)
@@ -272,6 +342,7 @@ function M.setup(opts)
   end
   suggest.opts.debounce_ms = M.config.debounce_ms
   suggest.opts.enabled = M.config.enabled
+  suggest.opts.accept_after_ms = M.config.accept_after_ms
   ghost.define_highlights()
   define_commands()
 
@@ -285,6 +356,17 @@ function M.setup(opts)
     end,
   })
   au('ColorScheme', { group = group, callback = ghost.define_highlights })
+  -- The end of the load progress says the same as codespec/ready: older servers send only it.
+  au('LspProgress', {
+    group = group,
+    pattern = 'end',
+    callback = function(ev)
+      local value = ev.data and ev.data.params and ev.data.params.value or {}
+      if value.message == 'ready' then
+        on_ready(ev.data.client_id)
+      end
+    end,
+  })
   au('BufWipeout', {
     group = group,
     callback = function(ev)

@@ -15,7 +15,7 @@ local ghost = require('codespec.ghost')
 local M = {}
 
 --- Set by require('codespec').setup().
-M.opts = { debounce_ms = 50, enabled = true }
+M.opts = { debounce_ms = 50, enabled = true, accept_after_ms = 200 }
 
 local INVOKED, AUTOMATIC = 1, 2
 local REQUEST_CANCELLED = -32800
@@ -73,6 +73,7 @@ end
 ---@field overlap integer   bytes after the cursor that the item's range replaces
 ---@field row integer       where `text` starts, 0-based
 ---@field col integer
+---@field shown_at integer  vim.uv.now() when it was first drawn (typing through keeps it)
 
 ---@class codespec.BufState
 ---@field timer uv.uv_timer_t?
@@ -96,6 +97,8 @@ function M.state(bufnr)
         typed_through = 0, -- keystrokes that matched the suggestion and kept it
         accepted = 0, -- whole suggestions accepted
         partially_accepted = 0,
+        too_early = 0, -- accept keys that came before the suggestion could be seen: the key's own meaning
+        reasked = 0, -- requests sent because the server said its models became ready
       },
     }
     states[bufnr] = st
@@ -154,6 +157,21 @@ function M.visible(bufnr)
   return st ~= nil and st.sugg ~= nil
 end
 
+--- Whether an accept key should take the suggestion: it is shown, and has been for
+--- `accept_after_ms`, so the user can have seen it. A key that comes sooner is counted and keeps
+--- its own meaning (a Tab typed as indentation stays a Tab).
+function M.acceptable(bufnr)
+  local st = states[bufnr]
+  if not (st and st.sugg) then
+    return false
+  end
+  if vim.uv.now() - st.sugg.shown_at < (M.opts.accept_after_ms or 0) then
+    st.counts.too_early = st.counts.too_early + 1
+    return false
+  end
+  return true
+end
+
 local function rest(s)
   return s.text:sub(s.consumed + 1)
 end
@@ -204,6 +222,7 @@ local function from_item(client, bufnr, item, row, col)
     overlap = overlap,
     row = row,
     col = col,
+    shown_at = vim.uv.now(),
   }
 end
 
@@ -412,6 +431,28 @@ function M.accept(bufnr, how)
     redraw(bufnr, s)
   end
   return true
+end
+
+--- The server's models became ready (`codespec/ready`, or the end of its load progress): what
+--- was asked while they loaded got empty answers, so ask again at the cursor of the current
+--- buffer, if it is in insert mode and shows nothing. The two signals may both come: one re-ask.
+function M.on_ready(client)
+  local bufnr = vim.api.nvim_get_current_buf()
+  local c = M.client(bufnr)
+  if not (M.opts.enabled and c and c.id == client.id) then
+    return
+  end
+  local st = M.state(bufnr)
+  local now = vim.uv.now()
+  if st.ready_at and now - st.ready_at < 1000 then
+    return
+  end
+  st.ready_at = now
+  if st.sugg or not vim.api.nvim_get_mode().mode:find('^i') then
+    return
+  end
+  st.counts.reasked = st.counts.reasked + 1
+  M.request(bufnr, INVOKED)
 end
 
 --- Ask now, without waiting for the debounce (the "invoked" trigger).

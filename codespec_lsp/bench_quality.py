@@ -1,0 +1,159 @@
+"""`codespec-lsp bench quality`: how good the shown suggestions are, on held-out Python.
+
+Completion points are drawn (seeded) from held-out files, half at a line start after its
+indentation and half mid-line (at least one character typed on the line, at least one left), and
+answered by `complete.complete_at` with the server's default settings: what an editor is shown.
+Each suggestion is scored against the code that really follows the cursor.
+
+Fields (the README quotes these):
+  points                          completion points asked
+  shown_rate                      share of points with a suggestion shown
+  exact_line                      the suggestion's first line equals the rest of the real line
+  edit_similarity                 mean difflib ratio of first line vs rest of the real line, over
+                                  all points (0 where nothing is shown)
+  repetitive_rate                 share of shown suggestions with a loop (postprocess.find_loop:
+                                  a word or character group repeated, the same line repeated)
+  prefix_match_chars              mean common prefix of suggestion and real text, in characters,
+                                  over all points: what word-by-word accept keeps
+  baseline_prev_line_similarity   the edit_similarity of "the line repeats the previous non-blank
+                                  line" (re-indented to the cursor's line; from the cursor's column)
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from codespec_lsp.complete import complete_at, prompt_ids, split_line, token_logprobs
+from codespec_lsp.config import Settings, default_context_tokens
+from codespec_lsp.context import ContextBuilder
+from codespec_lsp.postprocess import decide_mode, finalize, find_loop
+
+HELD_OUT = Path(__file__).resolve().parent.parent / "benchmarks" / "heldout"
+FIELDS = ("points", "shown_rate", "exact_line", "edit_similarity", "repetitive_rate",
+          "prefix_match_chars", "baseline_prev_line_similarity")
+
+
+@dataclass(frozen=True)
+class Point:
+    path: str
+    source: str
+    offset: int
+    kind: str  # "line_start" | "mid_line"
+
+
+def quality_points(files: list[Path], n: int, seed: int = 0, skip_lines: int = 20) -> list[Point]:
+    """`n` distinct points, alternately at a line start (after indentation) and mid-line, on
+    non-blank lines past the first `skip_lines` of a file (licence headers, imports)."""
+    rng = random.Random(seed)
+    texts = {str(f): f.read_text(encoding="utf-8") for f in files}
+    candidates = []
+    for path, text in texts.items():
+        offset = 0
+        for i, line in enumerate(text.split("\n")):
+            code = line.rstrip()
+            indent = len(code) - len(code.lstrip())
+            if i >= skip_lines and code.strip():
+                candidates.append((path, offset, indent, len(code)))
+            offset += len(line) + 1
+    rng.shuffle(candidates)
+    points = []
+    for path, start, indent, end in candidates[:n]:
+        if len(points) % 2 == 0 or end - indent < 2:
+            points.append(Point(path, texts[path], start + indent, "line_start"))
+        else:
+            points.append(Point(path, texts[path], start + rng.randrange(indent + 1, end), "mid_line"))
+    return points
+
+
+def baseline_text(source: str, offset: int) -> str:
+    """What "the line repeats the previous non-blank line" would insert at the cursor."""
+    line_prefix, _, prev_line = split_line(source, offset)
+    indent = line_prefix[:len(line_prefix) - len(line_prefix.lstrip())]
+    return (indent + prev_line.strip())[len(line_prefix):]
+
+
+def score(point: Point, suggestion: str | None) -> dict:
+    rest = point.source[point.offset:]
+    real_line = rest.split("\n", 1)[0].rstrip()
+    first = suggestion.split("\n", 1)[0].rstrip() if suggestion else ""
+    baseline = baseline_text(point.source, point.offset)
+    return {
+        "shown": suggestion is not None,
+        "exact": suggestion is not None and first == real_line,
+        "similarity": difflib.SequenceMatcher(None, first, real_line).ratio() if suggestion else 0.0,
+        "repetitive": suggestion is not None and find_loop(suggestion) is not None,
+        "prefix": len(os.path.commonprefix([suggestion, rest])) if suggestion else 0,
+        "baseline": difflib.SequenceMatcher(None, baseline.rstrip(), real_line).ratio(),
+    }
+
+
+def summarize(scores: list[dict]) -> dict:
+    n = len(scores)
+    shown = [s for s in scores if s["shown"]]
+
+    def mean(key: str, over: list[dict]) -> float:
+        return sum(float(s[key]) for s in over) / len(over) if over else 0.0
+    return {
+        "points": n,
+        "shown_rate": round(len(shown) / n, 4) if n else 0.0,
+        "exact_line": round(mean("exact", scores), 4),
+        "edit_similarity": round(mean("similarity", scores), 4),
+        "repetitive_rate": round(mean("repetitive", shown), 4),
+        "prefix_match_chars": round(mean("prefix", scores), 2),
+        "baseline_prev_line_similarity": round(mean("baseline", scores), 4),
+    }
+
+
+def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, seed: int = 0,
+                  min_confidence: float | None = None, sweep: tuple[float, ...] = ()) -> dict:
+    """The FIELDS for `points` points; with `sweep`, also the same figures per threshold (under
+    "sweep", computed from the same generations: finalize is pure, only the gate differs)."""
+    root = Path(corpus) if corpus else HELD_OUT
+    files = sorted(root.rglob("*.py"))
+    if not files:
+        raise SystemExit(f"no .py files under {root}")
+    settings = Settings()
+    builder = ContextBuilder(engine.count_tokens,
+                             default_context_tokens(engine.context_window, settings.max_tokens),
+                             fim_tokens=engine.fim_tokens)
+    scores, swept = [], {t: [] for t in sweep}
+    for i, point in enumerate(quality_points(files, points, seed)):
+        key = f"{point.path}#{i}"  # a fresh document per point: no prompt cut carried over
+        result, text = complete_at(engine, builder, key, point.source, point.offset,
+                                   max_tokens=settings.max_tokens, min_confidence=min_confidence)
+        scores.append(score(point, text))
+        if sweep:
+            prompt = builder.build(key, point.source, point.offset)
+            line_prefix, line_suffix, prev_line = split_line(point.source, point.offset)
+            mode = decide_mode(line_prefix, line_suffix, prev_line)
+            ids, _ = prompt_ids(engine, prompt.text)
+            spans = token_logprobs(engine.tokenizer, ids, result)
+            for t in sweep:
+                again = finalize(result.text, line_prefix, prompt.suffix, mode, logprobs=spans,
+                                 min_confidence=t)
+                swept[t].append(score(point, again))
+    out = summarize(scores)
+    if sweep:
+        out["sweep"] = {str(t): summarize(s) for t, s in swept.items()}
+    return out
+
+
+def run_quality_bench(args) -> int:
+    from codespec_lsp.engine import load_engine
+    engine = load_engine(preset=args.preset, draft=args.draft, target=args.target, device=args.device,
+                         dtype=args.dtype, allow_download=args.allow_download,
+                         trust_remote_code=args.trust_remote_code)
+    sweep = tuple(float(t) for t in args.sweep.split(",")) if args.sweep else ()
+    result = quality_bench(engine, corpus=args.corpus, points=args.points,
+                           min_confidence=args.min_confidence, sweep=sweep)
+    out = json.dumps(result, indent=2)
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(out + "\n")
+    print(out)
+    return 0

@@ -1,0 +1,101 @@
+"""`codespec-lsp bench quality`: the points it asks, the scores, the JSON fields."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+from codespec_lsp.bench_quality import (
+    FIELDS,
+    HELD_OUT,
+    Point,
+    baseline_text,
+    quality_points,
+    score,
+    summarize,
+)
+from codespec_lsp.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+SOURCE = "".join(f"line_{i} = {i}\n" for i in range(25)) + (
+    "def f(items):\n"
+    "    found = []\n"
+    "    for item in items:\n"
+    "        found.append(item)\n"
+    "    return found\n"
+)
+
+
+def test_points_alternate_line_start_and_mid_line_and_skip_the_head(tmp_path):
+    (tmp_path / "a.py").write_text(SOURCE)
+    points = quality_points([tmp_path / "a.py"], 8, seed=1, skip_lines=20)
+    assert len(points) == 8
+    assert len({p.offset for p in points}) == 8
+    head = sum(len(line) + 1 for line in SOURCE.split("\n")[:20])
+    for p in points:
+        assert p.offset >= head
+        line_start = SOURCE.rfind("\n", 0, p.offset) + 1
+        before = SOURCE[line_start:p.offset]
+        line = SOURCE[line_start:SOURCE.find("\n", p.offset)]
+        if p.kind == "line_start":
+            assert not before.strip()  # after the indentation, nothing typed yet
+            assert len(before) == len(line) - len(line.lstrip())
+        else:
+            assert before.strip() and SOURCE[p.offset:SOURCE.find("\n", p.offset)].strip()
+    assert [p.kind for p in points[:2]] == ["line_start", "mid_line"]
+
+
+def test_scores_of_an_exact_a_wrong_and_a_missing_suggestion():
+    offset = SOURCE.index("return found")
+    point = Point("a.py", SOURCE, offset, "line_start")
+    exact = score(point, "return found")
+    assert exact["shown"] and exact["exact"] and exact["similarity"] == 1.0
+    assert exact["prefix"] == len("return found")
+    wrong = score(point, "return None")
+    assert not wrong["exact"] and 0 < wrong["similarity"] < 1 and wrong["prefix"] == len("return ")
+    none = score(point, None)
+    assert not none["shown"] and none["similarity"] == 0 and none["prefix"] == 0
+    loop = score(point, "run_run_run_run")
+    assert loop["repetitive"]
+    # the baseline repeats the previous non-blank line at the cursor's indentation
+    assert baseline_text(SOURCE, offset) == "found.append(item)"
+
+
+def test_summary_has_exactly_the_fields_and_means_over_all_points():
+    point = Point("a.py", SOURCE, SOURCE.index("return found"), "line_start")
+    out = summarize([score(point, "return found"), score(point, None)])
+    assert tuple(out) == FIELDS
+    assert out["points"] == 2 and out["shown_rate"] == 0.5
+    assert out["exact_line"] == 0.5 and out["edit_similarity"] == 0.5
+    assert out["repetitive_rate"] == 0.0
+
+
+def test_the_held_out_set_is_not_training_data():
+    spec = importlib.util.spec_from_file_location("train_tiny", ROOT / "scripts" / "train_tiny.py")
+    train_tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_tiny)
+    held_out = {f.read_text(encoding="utf-8") for f in HELD_OUT.glob("*.py")}
+    assert len(held_out) >= 5
+    trained = train_tiny.training_files()
+    assert len(trained) > 100
+    assert not [f for f in trained if f.read_text(encoding="utf-8", errors="replace") in held_out]
+
+
+@pytest.mark.slow
+def test_bench_quality_command_on_the_embedded_pair(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.py").write_text(SOURCE)
+    out = tmp_path / "q.json"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert main(["bench", "quality", "--preset", "tiny", "--device", "cpu", "--corpus", str(corpus),
+                 "--points", "4", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert tuple(got) == FIELDS
+    assert got["points"] == 4
+    for key in ("shown_rate", "exact_line", "edit_similarity", "repetitive_rate",
+                "baseline_prev_line_similarity"):
+        assert 0.0 <= got[key] <= 1.0
+    assert got["prefix_match_chars"] >= 0

@@ -1,0 +1,70 @@
+"""Regression tests for the engine review's bugs (issue 10), each failing on the old engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import generate_text, make_engine, reference_greedy, tiny_parts, toy_pair
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_end_token_stops_generation():
+    """Bug 3: generation_config's eos list (and `<EOT>`) stops, not only tokenizer.eos_token_id."""
+    tok, target, draft = toy_pair(8)
+    engine = make_engine(target, None, tok)
+    free = generate_text(engine, "w1 w2", max_new_tokens=12).tokens
+    end = free[3]  # a token greedy decoding reaches: make it an end token of the model
+    target.generation_config.eos_token_id = [99, end]
+    for speculative in (False, True):
+        engine = make_engine(target, draft, tok)
+        assert end in engine.stop_ids
+        result = generate_text(engine, "w1 w2", max_new_tokens=12, speculative=speculative)
+        assert result.tokens == free[:free.index(end)] and result.stop_reason == "eos"
+    target.generation_config.eos_token_id = None
+
+
+def test_exception_mid_forward_leaves_a_usable_cache():
+    """Bug 5: an error (not out-of-memory) inside a forward, between layers, must not leave a cache
+    whose layers hold different lengths for the next request to reuse."""
+    tok, target, draft = tiny_parts()  # several layers: the error lands after the first wrote KV
+    engine = make_engine(target, draft, tok)
+    prompt = "def add(a, b):\n    return"
+    expected = reference_greedy(target, tok, engine, prompt, 10)
+    layer = target.model.layers[-1]
+    calls = {"n": 0}
+
+    def boom(module, args):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("boom")
+
+    handle = layer.register_forward_pre_hook(boom)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            generate_text(engine, prompt, max_new_tokens=10)
+    finally:
+        handle.remove()
+    again = generate_text(engine, prompt, max_new_tokens=10)
+    assert again.tokens == expected
+
+
+def test_engine_is_freed_and_its_hooks_removed():
+    """Bug 6 (and 4's engine side): each Engine added forward hooks that held it and were never
+    removed, so a model outliving its engine kept the old engine alive and ran its checks."""
+    import gc
+    import weakref
+
+    tok, target, draft = toy_pair(8)
+    layer = target.model.layers[0]
+    before = len(layer._forward_pre_hooks)
+    engine = make_engine(target, draft, tok)
+    generate_text(engine, "w1 w2", max_new_tokens=3)
+    ref = weakref.ref(engine)
+    gc.disable()  # freed by reference counting: no cycle through the model's hooks
+    try:
+        del engine
+        assert ref() is None
+    finally:
+        gc.enable()
+    assert len(layer._forward_pre_hooks) == before

@@ -1,0 +1,139 @@
+"""The quality gates of postprocess.finalize: loops, confidence, re-typed suffix, next line,
+doubled indentation."""
+
+import math
+
+import pytest
+
+from codespec_lsp.config import SettingsLayers
+from codespec_lsp.postprocess import (
+    DEFAULT_MIN_CONFIDENCE,
+    Mode,
+    cut_unconfident,
+    decide_mode,
+    finalize,
+    find_loop,
+    line_confidences,
+    line_finished,
+    retypes_suffix,
+)
+
+
+def spans(text: str, per_token: list[float], size: int = 2) -> list[tuple[int, float]]:
+    """Fake per-token log-probs: a token every `size` characters of `text`."""
+    ends = list(range(size, len(text), size)) + [len(text)]
+    assert len(ends) == len(per_token)
+    return list(zip(ends, per_token))
+
+
+class TestLoops:
+    @pytest.mark.parametrize("text", [
+        "but, but, but, but",
+        "run_run_run_run",
+        "str(str(str(str(",
+        "x = 1\nx = 1\n",
+        "a = f(x)\nb = g(y)\na = f(x)\nb = g(y)",
+    ])
+    def test_a_loop_is_found(self, text):
+        assert find_loop(text) is not None
+
+    @pytest.mark.parametrize("text", [
+        "[0, 0, 0]",
+        "# ------------------",
+        "return found",
+        "x = a + b\ny = a - b",
+        "        )\n    )\n)",
+    ])
+    def test_code_that_repeats_a_little_is_not_a_loop(self, text):
+        assert find_loop(text) is None
+
+    def test_a_loop_is_cut_after_its_first_copy(self):
+        out = finalize("self.run_run_run_run_run()", "    ", "", Mode(False, 0))
+        assert out is not None and "run_run_run" not in out
+        assert out.startswith("self.run_")
+
+    def test_a_repeated_line_is_kept_once(self):
+        out = finalize("x.append(1)\n    x.append(1)\n    x.append(1)\n", "    ", "", Mode(True, 4))
+        assert out == "x.append(1)"
+
+
+class TestConfidence:
+    def test_line_confidences_are_the_mean_of_each_lines_tokens(self):
+        text = "aaaa\nbbbb"
+        # tokens: "aa" "aa" "\nb" "bb" "b" -> the "\nb" token ends on line 1
+        got = line_confidences(text, [(2, -1.0), (4, -3.0), (6, -0.5), (8, -0.5), (9, -0.5)])
+        assert got == [-2.0, -0.5]
+
+    def test_a_line_where_no_token_ends_has_no_confidence(self):
+        # the newline is the last character of line 0: its token counts there
+        assert line_confidences("ab\n", [(3, -1.0)]) == [-1.0, None]
+
+    def test_cut_at_the_first_unconfident_line(self):
+        text = "x = 1\ny = 2\nz = 3"
+        lps = [(6, -0.1), (12, -5.0), (17, -0.1)]
+        assert cut_unconfident(text, lps, -2.0) == "x = 1"
+
+    def test_an_unconfident_first_line_shows_nothing(self):
+        text = "value = compute()"
+        out = finalize(text, "    ", "", Mode(False, 0), logprobs=spans(text, [-6.0] * 9),
+                       min_confidence=math.exp(-2.0))
+        assert out is None
+
+    def test_the_threshold_is_a_setting(self):
+        text = "value = compute()"
+        lps = spans(text, [-3.0] * 9)
+        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=math.exp(-2.0)) is None
+        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=math.exp(-4.0)) == text
+
+    def test_without_logprobs_the_gate_is_off(self):
+        assert finalize("value = compute()", "    ", "", Mode(False, 0)) == "value = compute()"
+
+    def test_min_confidence_setting_is_read_in_camel_case_and_checked(self):
+        layers = SettingsLayers()
+        errors, _ = layers.set_init({"minConfidence": 0.2})
+        assert not errors and layers.effective().min_confidence == 0.2
+        errors, _ = layers.set_workspace({"codespec": {"minConfidence": 3}})
+        assert errors and "minConfidence" in errors[0]
+        assert layers.effective().min_confidence == 0.2
+
+
+class TestNextLine:
+    def test_a_finished_line_allows_the_next_line(self):
+        assert decide_mode("    x = f(y)", "").next_line
+        assert line_finished("return x")
+
+    @pytest.mark.parametrize("line", ["x = f(y,", "x = a +", "if a and", "x = [1, 2"])
+    def test_an_unfinished_line_does_not(self, line):
+        assert not line_finished(line)
+        assert not decide_mode(line, "").next_line
+
+    def test_the_next_line_is_shown_only_when_confident(self):
+        mode = decide_mode("    x = f(y)", "")
+        raw = "\n    return x\n"
+        sure = [(len(raw), -0.1)]
+        unsure = [(len(raw), -2.8)]
+        assert finalize(raw, "    x = f(y)", "", mode, logprobs=sure) == "\n    return x"
+        # above the line threshold, but not by the margin that interrupting needs
+        assert -2.8 > math.log(DEFAULT_MIN_CONFIDENCE)
+        assert finalize(raw, "    x = f(y)", "", mode, logprobs=unsure) is None
+        assert finalize(raw, "    x = f(y)", "", mode) is None  # no confidence known
+
+    def test_mid_line_stays_one_line(self):
+        assert finalize("foo(a)\nbar()", "x = ", "", Mode(False, 0)) == "foo(a)"
+
+
+class TestSuffixAndIndent:
+    def test_retyping_the_suffix_is_dropped(self):
+        assert retypes_suffix("(a, b)", "(a,  b)\n")
+        assert finalize("(a, b)", "foo", "(a, b)", Mode(False, 0)) is None
+
+    def test_new_text_before_the_suffix_is_kept(self):
+        assert not retypes_suffix("(a, b, c)", "(a, b)")
+
+    def test_no_extra_space_after_the_editors_indentation(self):
+        out = finalize(" if isinstance(x, int):", "    ", "", Mode(False, 0))
+        assert out == "if isinstance(x, int):"
+
+    def test_an_empty_line_shallower_than_its_block_keeps_the_models_indent(self):
+        # cursor at column 4 on the line after `    def f(x):`: the body needs 8
+        assert finalize("    return x", "    ", "", Mode(True, 5)) == "    return x"

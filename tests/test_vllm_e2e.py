@@ -1,0 +1,256 @@
+"""End to end against a real vLLM serving the embedded pair with draft-model speculation.
+
+Opt-in: vLLM lives in its own venv (`CODESPEC_VLLM=1 scripts/setup.sh` or
+`scripts/serve_vllm.sh --install-only`), found through CODESPEC_VLLM_VENV (default .venv-vllm).
+Without it every test here is skipped. CODESPEC_VLLM_URL points at a server already running
+(then none is started). vLLM takes 60-90 s to start on 2 cores: one server for the session.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from codespec_lsp.engine.api import CancelToken
+from codespec_lsp.remote import connect_remote
+from codespec_lsp.remote.metrics import parse
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TINY = ROOT / "codespec_lsp" / "models" / "tiny"
+VENV = pathlib.Path(os.environ.get("CODESPEC_VLLM_VENV", ROOT / ".venv-vllm"))
+START_LIMIT_S = 300
+
+# Held-out points: code the pair was not trained on, cut mid-function.
+POINTS = [
+    "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n    return ",
+    "import os\n\n\ndef list_python_files(folder):\n    result = []\n    for name in os.listdir(folder):\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        ",
+    "def read_lines(path):\n    with open(path) as f:\n        return ",
+]
+
+
+def _vllm_installed() -> bool:
+    return any((VENV / "lib").glob("python3*/site-packages/vllm/__init__.py"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tmp_path_factory):
+    if url := os.environ.get("CODESPEC_VLLM_URL"):
+        yield url
+        return
+    if not _vllm_installed():
+        pytest.skip(f"vLLM not installed in {VENV} (opt-in: CODESPEC_VLLM=1 scripts/setup.sh)")
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    env = {**os.environ, "CODESPEC_VLLM_VENV": str(VENV), "PORT": str(port)}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "serve_vllm.sh")], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + START_LIMIT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail(f"vLLM did not start in {START_LIMIT_S} s:\n{log_path.read_text()[-3000:]}")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def remote(vllm_url):
+    backend = connect_remote(vllm_url, tokenizer=str(TINY / "target"))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="session")
+def local():
+    from codespec_lsp.engine import load_engine
+    return load_engine(preset="tiny", device="cpu")
+
+
+def server_counters(url: str) -> dict[str, float]:
+    return parse(httpx.get(url.removesuffix("/v1") + "/metrics", timeout=5).text)
+
+
+def local_greedy(engine, text: str, n: int) -> tuple[list[int], list[int]]:
+    """(prompt ids with BOS, the in-process engine's greedy ids) through whichever API it has."""
+    if hasattr(engine, "encode"):  # the seam: ids in, a Generation of ids out
+        ids = engine.encode(text)
+        gen = engine.generate(ids, max_new_tokens=n)
+        out = list(gen)
+        gen.close()
+        return ids, out
+    ids = engine.encode_prompt(text, reserve=n + 9)
+    return ids, engine.generate(text, max_new_tokens=n).tokens
+
+
+def test_remote_greedy_equals_local_greedy_for_the_same_ids(remote, local):
+    assert remote.kind == "vllm"
+    for text in POINTS:
+        ids, expected = local_greedy(local, text, 24)
+        assert remote.encode(text) == ids and ids[0] == local.tokenizer.bos_token_id
+        gen = remote.generate(ids, max_new_tokens=24, key="file:///e2e.py")
+        assert list(gen) == expected, text
+        assert gen.result.stop_reason in ("max_tokens", "eos")
+
+
+def test_the_servers_tokenize_gives_the_same_ids(vllm_url, local):
+    bare = connect_remote(vllm_url, tokenizer=None)
+    try:
+        bare.tokenizer = None  # the model folder is on this machine: force the server's /tokenize
+        for text in POINTS[:2]:
+            assert bare.encode(text) == local_greedy(local, text, 1)[0]
+    finally:
+        bare.close()
+
+
+def test_closing_the_stream_stops_the_servers_generation(remote, vllm_url):
+    before = server_counters(vllm_url).get("vllm:generation_tokens", 0.0)
+    cancel = CancelToken()
+    ids = remote.encode(POINTS[1])
+    gen = remote.generate(ids, max_new_tokens=1500, cancel=cancel, key="file:///long.py")
+    got = [next(gen) for _ in range(5)]
+    cancel.cancel()
+    assert list(gen) == [] and gen.result.cancelled and len(got) == 5
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        counters = server_counters(vllm_url)
+        if counters.get("vllm:num_requests_running", 1) == 0:
+            break
+        time.sleep(0.2)
+    assert counters["vllm:num_requests_running"] == 0
+    assert counters["vllm:generation_tokens"] - before < 200  # far below the 1,500 asked
+
+
+def test_superseded_requests_close_their_streams(remote, vllm_url):
+    """Twenty keystrokes, each superseding the last generation of one document."""
+    before = server_counters(vllm_url).get("vllm:generation_tokens", 0.0)
+    text = POINTS[2]
+    for i in range(20):
+        gen = remote.generate(remote.encode(text + "x" * i), max_new_tokens=1000,
+                              key="file:///typing.py")
+        next(gen)  # the stream is running when the next keystroke supersedes it
+    gen.close()
+    end = time.monotonic() + 30
+    while time.monotonic() < end and server_counters(vllm_url)["vllm:num_requests_running"] > 0:
+        time.sleep(0.2)
+    counters = server_counters(vllm_url)
+    assert counters["vllm:num_requests_running"] == 0
+    assert counters["vllm:generation_tokens"] - before < 20 * 1000 / 10
+    assert remote.in_flight() == 0
+
+
+def test_server_metrics_report_speculation_and_prefix_cache(remote):
+    ids = remote.encode("".join(POINTS) * 3)  # several of vLLM's KV blocks (128 tokens on CPU)
+    for _ in range(2):  # the second run finds the prompt in vLLM's prefix cache
+        list(remote.generate(ids, max_new_tokens=16))
+    stats = remote.refresh_metrics()
+    assert stats["backend"] == "vllm"
+    assert stats["server_acceptance_rate"] is not None and 0 < stats["server_acceptance_rate"] <= 1
+    assert stats["server_prefix_cache_hit_rate"] is not None and stats["server_prefix_cache_hit_rate"] > 0
+
+
+def test_a_model_vllm_does_not_serve_is_told_once(vllm_url):
+    notices = []
+    bad = connect_remote(vllm_url, model="codellama-13b", notify=lambda *n: notices.append(n),
+                         backoff_s=(0.0, 0.0))
+    try:
+        for _ in range(2):
+            assert list(bad.generate([1, 2, 3], max_new_tokens=4)) == []
+        assert len(notices) == 1 and "codellama-13b" in notices[0][1] and "tiny" in notices[0][1]
+    finally:
+        bad.close()
+
+
+# ---------------------------------------------------------------- through complete.py and the LSP
+
+
+def suggestion(backend, key: str, text: str, max_tokens: int = 24) -> str | None:
+    from codespec_lsp.complete import complete_at
+    from codespec_lsp.config import default_context_tokens
+    from codespec_lsp.context import ContextBuilder
+    builder = ContextBuilder(backend.count_tokens,
+                             default_context_tokens(backend.context_window, max_tokens),
+                             fim_tokens=backend.fim_tokens)
+    return complete_at(backend, builder, key, text, len(text), max_tokens=max_tokens)[1]
+
+
+def test_remote_suggestion_equals_local_suggestion_at_several_points(remote, local):
+    for i, text in enumerate(POINTS):
+        assert suggestion(remote, f"file:///s{i}.py", text) == \
+            suggestion(local, f"file:///s{i}.py", text), text
+
+
+async def test_inline_completions_over_stdio_and_superseded_streams_close(vllm_url, local):
+    import asyncio
+
+    from lsprotocol import types
+
+    from lsp_helpers import open_doc, stats
+    from tests.test_remote_lsp import inline, start, stop
+
+    client = await start("--remote", vllm_url, "--target", str(TINY / "target"),
+                         options={"maxTokens": 24})
+    try:
+        st = await stats(client)
+        assert st["backend"] == "vllm"
+        for i, text in enumerate(POINTS):
+            lines = text.split("\n")
+            uri = open_doc(client, f"vllm_{i}.py", text)
+            await asyncio.sleep(1.1)  # a pause, not typing: the full suggestion length
+            assert await inline(client, uri, len(lines) - 1, len(lines[-1])) == \
+                suggestion(local, f"file:///l{i}.py", text), text
+
+        # Twenty keystrokes, each request superseding the last: their streams must close.
+        before = server_counters(vllm_url)["vllm:generation_tokens"]
+        text = POINTS[2]
+        uri = open_doc(client, "vllm_typing.py", text)
+        line, col = text.count("\n"), len(text.split("\n")[-1])
+        pending = []
+        for k in range(20):
+            client.text_document_did_change(types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=k + 2),
+                content_changes=[types.TextDocumentContentChangePartial(
+                    range=types.Range(types.Position(line, col + k), types.Position(line, col + k)),
+                    text="x")]))
+            pending.append(asyncio.ensure_future(inline(client, uri, line, col + k + 1)))
+            await asyncio.sleep(0.03)
+        await asyncio.gather(*pending, return_exceptions=True)
+        end = time.monotonic() + 30
+        while time.monotonic() < end and server_counters(vllm_url)["vllm:num_requests_running"]:
+            await asyncio.sleep(0.2)
+        after = server_counters(vllm_url)
+        assert after["vllm:num_requests_running"] == 0
+        assert after["vllm:generation_tokens"] - before < 20 * 24 / 2
+        st = await stats(client)
+        assert st["server_acceptance_rate"] is not None
+    finally:
+        await stop(client)
