@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_remote_flags(bs)
     bs.add_argument("--clients", default=None,
                     help="N editors typing at once (or a sweep: 1,2,4), each its own server")
+    bs.add_argument("--tcp", action="store_true",
+                    help="with --clients: one `serve --tcp` server, one connection per editor")
+    bs.add_argument("--soak", action="store_true",
+                    help="soak: type into --documents open files with cancels; report every "
+                         "answer, the documents' text and the server's RSS over time")
+    bs.add_argument("--documents", type=int, default=5, help="--soak: files open at once")
 
     bq = bench_sub.add_parser("quality", help="score suggestions against held-out code")
     _add_model_flags(bq)

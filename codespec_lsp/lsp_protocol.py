@@ -366,6 +366,19 @@ class HardenedProtocol(LanguageServerProtocol):
                 return stop.value
             value = yield step
 
+    @lsp_method(types.SHUTDOWN)
+    def lsp_shutdown(self, *args):
+        if (user_handler := self.fm.features.get(types.SHUTDOWN)) is not None:
+            yield user_handler, args, None
+        # pygls cancels the other futures while iterating the table, and a cancelled future's
+        # done callback (ours, above) leaves the table: iterate over a copy.
+        current_id = self.msg_id
+        for msg_id, future in list(self._request_futures.items()):
+            if msg_id != current_id and not future.done():
+                future.cancel()
+        self._shutdown = True
+        return None
+
     @lsp_method(types.EXIT)
     def lsp_exit(self, *args):
         if (user_handler := self.fm.features.get(types.EXIT)) is not None:

@@ -22,6 +22,7 @@ Promises:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import sys
 import uuid
@@ -76,16 +77,22 @@ def _client_has_inline(caps: types.ClientCapabilities) -> bool:
 class CodespecServer(LanguageServer):
     protocol: CodespecProtocol
 
-    def __init__(self, loader=default_loader, host: EngineHost | None = None) -> None:
+    def __init__(self, loader=default_loader, host: EngineHost | None = None,
+                 worker: concurrent.futures.Executor | None = None) -> None:
         super().__init__("codespec-lsp", _version(), protocol_cls=CodespecProtocol)
         self.layers = config.SettingsLayers()
         self.settings = self.layers.effective()
         # A TCP/WebSocket server hands one host (the loaded models) from session to session;
         # its messages go to the session now connected.
         self.host = host or EngineHost(loader)
-        self.host.notify = lambda level, message: self.show(
+        self._notify = lambda level, message: self.show(
             types.MessageType.Error if level == "error" else types.MessageType.Info, message)
+        self.host.notify = self._notify
         self.scheduler = Scheduler(self.host, lambda: self.settings)
+        if worker is not None:
+            # Sessions of one TCP/WebSocket server take turns on the engine's one thread: the
+            # in-process engine (its KV caches) is not safe to use from two threads at once.
+            self.scheduler._executor = worker
         self._pending_messages: list[tuple[types.MessageType, str]] = []
         self._tasks: set[asyncio.Task] = set()
         self._errors_shown: set[str] = set()
@@ -111,6 +118,8 @@ class CodespecServer(LanguageServer):
 
     async def end_session(self) -> None:
         """The client is gone: cancel engine work and wait until the engine thread is idle."""
+        if self.host.notify is self._notify:
+            self.host.notify = None
         self.scheduler.close()
         executor = getattr(self.scheduler, "_executor", None)
         if executor is not None:
@@ -233,9 +242,9 @@ def _word_before(line_prefix: str) -> str:
     return line_prefix[i:]
 
 
-def build_server(args: Any = None, loader=default_loader,
-                 host: EngineHost | None = None) -> CodespecServer:
-    server = CodespecServer(loader, host)
+def build_server(args: Any = None, loader=default_loader, host: EngineHost | None = None,
+                 worker: concurrent.futures.Executor | None = None) -> CodespecServer:
+    server = CodespecServer(loader, host, worker)
     cli_values, cli_errors, _ = config.normalize(config.from_cli(args) if args else {})
     server.layers.cli = cli_values
     server.settings = server.layers.effective()
@@ -412,10 +421,13 @@ def run_server(args: Any, loader=default_loader) -> int:
     _setup_logging(getattr(args, "log_file", None))
     if not (getattr(args, "tcp", False) or getattr(args, "ws", False)):
         return transport.serve_stdio(build_server(args, loader))
-    host = EngineHost(loader)  # loaded once, used by one session after another
+    # One connection, one session (its own workspace, settings and scheduler); the models are
+    # loaded once and the engine's one thread is shared, so sessions take turns on it.
+    host = EngineHost(loader)
+    worker = transport.SharedWorker("codespec-engine")
 
     def make_session() -> CodespecServer:
-        return build_server(args, loader, host)
+        return build_server(args, loader, host, worker)
 
     if getattr(args, "tcp", False):
         return transport.serve_tcp(make_session, args.host, args.port)

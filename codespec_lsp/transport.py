@@ -2,11 +2,11 @@
 
 Promises:
 - stdio: one session; the exit status is the session's (0 after shutdown + exit, 1 without).
-- TCP and WebSocket listen where told, 127.0.0.1 unless `--host` says otherwise. One client
-  at a time: while a session is open, a second connection gets a window/showMessage saying so
-  and is closed; it never sees, nor changes, the first client's documents or answers. When a
-  client leaves, its session ends (its engine work is cancelled and drained) and the next
-  connection gets a fresh one (workspace, settings, scheduler) on the same loaded models.
+- TCP and WebSocket listen where told, 127.0.0.1 unless `--host` says otherwise. Each
+  connection gets a session of its own (workspace, settings, scheduler, answers): a client
+  never sees, nor changes, another client's documents or answers. The sessions share the loaded
+  models and take turns on the engine's one thread (`SharedWorker`). When a client leaves, its
+  session ends (its engine work is cancelled).
 - WebSocket: a browser page can open a socket to localhost, and browsers send its Origin. A
   handshake with an Origin header is refused (HTTP 403) unless that origin was allowed with
   `--allow-origin`; clients that send no Origin (editors, scripts) connect.
@@ -19,7 +19,7 @@ pygls's writers.
 from __future__ import annotations
 
 import asyncio
-import json
+import concurrent.futures
 import logging
 import os
 import sys
@@ -31,10 +31,6 @@ from pygls.io_ import StdoutWriter, WebSocketWriter
 from codespec_lsp.lsp_protocol import MAX_MESSAGE_BYTES, HardenedProtocol, read_stream
 
 log = logging.getLogger("codespec_lsp.transport")
-
-BUSY = ("codespec-lsp: another client is connected to this server, which serves one session "
-        "at a time; start a server of your own (stdio is the default)")
-
 
 class Session(Protocol):
     protocol: HardenedProtocol
@@ -94,52 +90,41 @@ def serve_stdio(session: Session, stdin: BinaryIO | None = None,
     return _exit_code(session.protocol)
 
 
-def _busy_message() -> bytes:
-    return json.dumps({"jsonrpc": "2.0", "method": "window/showMessage",
-                       "params": {"type": 1, "message": BUSY}}).encode()
+class SharedWorker(concurrent.futures.Executor):
+    """One engine thread for every session of a server; a session's end does not stop it."""
+
+    def __init__(self, name: str) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, name)
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
+        return self._pool.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """A session ending: its jobs were cancelled by their tokens; the thread stays."""
 
 
-class _OneAtATime:
-    """The open session, if any; a session counts as open until its teardown is done."""
-
-    def __init__(self, make_session: Callable[[], Session]) -> None:
-        self.make_session = make_session
-        self.active: Session | None = None
-
-    async def run(self, session: Session, read: Callable[[], Awaitable[bytes]] | None,
-                  messages: Any = None) -> None:
-        self.active = session
-        try:
-            if read is not None:
-                await read_stream(session.protocol, read)
-            else:
-                async for data in messages:
-                    session.protocol.receive(data)
-                    if session.protocol.ended:
-                        break
-        finally:
-            try:
-                await session.end_session()
-            finally:
-                self.active = None
+async def _run(session: Session, read: Callable[[], Awaitable[bytes]] | None,
+               messages: Any = None) -> None:
+    try:
+        if read is not None:
+            await read_stream(session.protocol, read)
+        else:
+            async for data in messages:
+                session.protocol.receive(data)
+                if session.protocol.ended:
+                    break
+    finally:
+        await session.end_session()
 
 
 def serve_tcp(make_session: Callable[[], Session], host: str, port: int) -> int:
-    sessions = _OneAtATime(make_session)
-
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        if sessions.active is not None:
-            log.warning("refused a second connection from %s: a session is open", peer)
-            body = _busy_message()
-            writer.write(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            await _close(writer)
-            return
         log.info("client connected from %s", peer)
-        session = sessions.make_session()
+        session = make_session()
         session.protocol.set_writer(writer)  # type: ignore[arg-type]
         try:
-            await sessions.run(session, lambda: reader.read(65536))
+            await _run(session, lambda: reader.read(65536))
         finally:
             await _close(writer)
             log.info("client %s left", peer)
@@ -171,15 +156,8 @@ def serve_ws(make_session: Callable[[], Session], host: str, port: int,
     from websockets.asyncio.server import serve
     from websockets.exceptions import ConnectionClosed
 
-    sessions = _OneAtATime(make_session)
-
     async def on_connect(ws: Any) -> None:
-        if sessions.active is not None:
-            log.warning("refused a second WebSocket connection: a session is open")
-            await ws.send(_busy_message().decode())
-            await ws.close(1013, "busy: one session at a time")
-            return
-        session = sessions.make_session()
+        session = make_session()
         session.protocol.set_writer(WebSocketWriter(ws), include_headers=False)
 
         async def messages():
@@ -190,7 +168,7 @@ def serve_ws(make_session: Callable[[], Session], host: str, port: int,
                 return
 
         try:
-            await sessions.run(session, None, messages())
+            await _run(session, None, messages())
         finally:
             await ws.close()
 
