@@ -57,3 +57,17 @@ def test_bench_engine_fields_and_invariants():
     assert out["next_token_accuracy"] > out["unigram_accuracy"] > 0
     assert out["prefill_tokens_per_keystroke"] < out["prefill_tokens_per_keystroke_nocache"]
     assert out["prefill_tokens_per_keystroke_nocache"] >= 512
+
+
+def test_complete_into_a_closed_pipe_exits_quietly():
+    # `codespec-lsp complete ... | head`: the reader may leave before the answer is written;
+    # `true` leaves at once, so the write always meets a closed pipe.
+    import subprocess
+    import sys
+    proc = subprocess.run(
+        f"{sys.executable} -m codespec_lsp.cli complete {DEMO} --line 12 --col 0 --json "
+        f"--preset tiny --device cpu | true", shell=True, capture_output=True, text=True,
+        timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                          "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
