@@ -32,11 +32,13 @@ OPENERS = {"(": ")", "[": "]", "{": "}"}
 CLOSERS = {v: k for k, v in OPENERS.items()}
 
 # A line's confidence is the geometric mean of the target's probabilities of its tokens
-# (exp of their mean log-probability); a line below `minConfidence` is not shown. 0.05 (mean
-# log-prob -3.0) was the best of a sweep with `codespec-lsp bench quality --sweep` on
-# benchmarks/corpus (edit similarity highest, 97 % of points still shown); stricter thresholds
-# hid far more right lines than wrong ones with the embedded pair.
-DEFAULT_MIN_CONFIDENCE = 0.05
+# (exp of their mean log-probability); a line below `minConfidence` is not shown. Measured with
+# `codespec-lsp bench quality --sweep` on benchmarks/corpus (100 points, token healing on): with
+# the embedded pair confidence hardly tells right lines from wrong ones (mean similarity of the
+# shown first lines 0.21 at every threshold up to 0.08), so stricter thresholds only hide
+# suggestions. 0.02 (mean log-prob -3.9) is the strictest that hid none there; it still drops
+# lines the model all but guessed. A stronger model should be swept again.
+DEFAULT_MIN_CONFIDENCE = 0.02
 # Offering the next line after a finished one interrupts more than completing the current
 # line does, so it needs this much more confidence (in log-probability).
 NEXT_LINE_MARGIN = 0.5

@@ -8,6 +8,7 @@ import pytest
 from codespec_lsp.config import SettingsLayers
 from codespec_lsp.postprocess import (
     DEFAULT_MIN_CONFIDENCE,
+    NEXT_LINE_MARGIN,
     Mode,
     cut_unconfident,
     decide_mode,
@@ -131,10 +132,9 @@ class TestNextLine:
         mode = decide_mode("    x = f(y)", "")
         raw = "\n    return x\n"
         sure = [(len(raw), -0.1)]
-        unsure = [(len(raw), -2.8)]
-        assert finalize(raw, "    x = f(y)", "", mode, logprobs=sure) == "\n    return x"
         # above the line threshold, but not by the margin that interrupting needs
-        assert -2.8 > math.log(DEFAULT_MIN_CONFIDENCE)
+        unsure = [(len(raw), math.log(DEFAULT_MIN_CONFIDENCE) + NEXT_LINE_MARGIN / 2)]
+        assert finalize(raw, "    x = f(y)", "", mode, logprobs=sure) == "\n    return x"
         assert finalize(raw, "    x = f(y)", "", mode, logprobs=unsure) is None
         assert finalize(raw, "    x = f(y)", "", mode) is None  # no confidence known
 
