@@ -88,11 +88,9 @@ class CodespecServer(LanguageServer):
         self._notify = lambda level, message: self.show(
             types.MessageType.Error if level == "error" else types.MessageType.Info, message)
         self.host.notify = self._notify
-        self.scheduler = Scheduler(self.host, lambda: self.settings)
-        if worker is not None:
-            # Sessions of one TCP/WebSocket server take turns on the engine's one thread: the
-            # in-process engine (its KV caches) is not safe to use from two threads at once.
-            self.scheduler._executor = worker
+        # Sessions of one TCP/WebSocket server take turns on the engine's one thread (`worker`):
+        # the in-process engine (its KV caches) is not safe to use from two threads at once.
+        self.scheduler = Scheduler(self.host, lambda: self.settings, executor=worker)
         self._pending_messages: list[tuple[types.MessageType, str]] = []
         self._tasks: set[asyncio.Task] = set()
         self._errors_shown: set[str] = set()
