@@ -262,6 +262,12 @@ class Scheduler:
             job.cancel.cancel()
             job.superseded.set()
 
+    def count_cancelled_unstarted(self) -> None:
+        """A request the client cancelled before its handler ran (the protocol layer sees it):
+        counted here, so the outcomes still add up to the requests."""
+        self.stats.requests += 1
+        self.stats.cancelled += 1
+
     async def complete(self, req: CompletionRequest) -> Outcome:
         t0 = self._clock()
         self.stats.requests += 1
