@@ -34,6 +34,7 @@ from codespec_lsp.engine import hf
 from codespec_lsp.complete import run
 from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine.engine import Engine
+from codespec_lsp.stats import percentile
 
 HELD_OUT = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus"
 
@@ -65,13 +66,6 @@ def completion_points(files: list[Path], n: int, engine: Engine, context_tokens:
             start -= 1
         prompts.append(text[sum(map(len, lines[:start])):point])
     return prompts
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def next_token_accuracy(engine: Engine, files: list[Path], window: int = 512,
@@ -219,7 +213,7 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
         "unigram_accuracy": round(unigram, 4),
         "prefill_tokens_per_keystroke": round(statistics.mean(cached), 2),
         "prefill_tokens_per_keystroke_nocache": round(statistics.mean(uncached), 1),
-        "cancel_latency_ms_p95": round(_percentile(latencies, 0.95), 2),
+        "cancel_latency_ms_p95": round(percentile(latencies, 0.95), 2),
         "target_forward_ms_p50": round(forward_p50, 2),
     }
 

@@ -39,6 +39,8 @@ from typing import Any
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
+from codespec_lsp.stats import percentile
+
 DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus"
 CONTEXT_SHARE = 0.4  # each file starts with this much already written; the rest is typed
 LAST_ANSWER_TIMEOUT_S = 120.0
@@ -67,10 +69,7 @@ class _Tally:
 
 
 def _percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 2)
+    return round(percentile(xs, q), 2)
 
 
 def _documents(corpus: Path | None) -> list[tuple[str, str]]:

@@ -121,6 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["serve", *argv]  # `codespec-lsp --preset tiny` is how editors start a server
     args = parser.parse_args(argv)
+    if args.command in ("complete", "bench"):
+        # No editor to show a message to: a bad model flag (`--dtype float64`) stops here,
+        # named (the server instead shows it to the editor and serves on with the default).
+        # Model flags only: a benchmark may ask for more tokens than an editor setting allows.
+        from codespec_lsp.config import MODEL_KEYS, from_cli, normalize
+        _, errors, _ = normalize({k: v for k, v in from_cli(args).items() if k in MODEL_KEYS})
+        if errors:
+            for err in errors:
+                print(f"codespec-lsp {args.command}: invalid setting {err}", file=sys.stderr)
+            return 2
     if args.command in (None, "serve"):
         from codespec_lsp.server import run_server
         return run_server(args)

@@ -55,19 +55,46 @@ class Detokenizer:
         return new.rstrip("\ufffd")
 
 
-def token_logprobs(tokenizer, prompt: Sequence[int], result: GenerationResult
+def token_logprobs(tokenizer, prompt: Sequence[int], result: GenerationResult, heal: str = ""
                    ) -> list[tuple[int, float]]:
-    """(end offset of each new token's text in result.text's raw form, its target log-prob), what
-    postprocess.finalize's confidence gate reads; empty when the backend reported no log-probs."""
+    """(end offset of each new token's text in result.text, its target log-prob), what
+    postprocess.finalize's confidence gate reads; empty when the backend reported no log-probs.
+    With `heal`, offsets count from the cursor (the re-typed `heal` is not in result.text)."""
     if tokenizer is None or len(result.logprobs) != len(result.tokens):
         return []
     detok = Detokenizer(tokenizer, prompt)
-    return [(len(detok.add(t)), lp) for t, lp in zip(result.tokens, result.logprobs)]
+    return [(max(len(detok.add(t)) - len(heal), 0), lp) for t, lp in zip(result.tokens, result.logprobs)]
 
 
 def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
-    """(the prompt's ids with BOS, the text `heal` removed for token healing: "" when none)."""
-    return backend.encode(prompt), ""
+    """(the prompt's ids with BOS, the text `heal` removed for token healing: "" when none).
+
+    Token healing: a prompt ending mid-line ends in a token the tokenizer chose without seeing
+    what follows (`os.pa` before `th`, indentation before `if`: byte-level BPE merges "\n    " into
+    one token and the model then starts its answer with " if", leaving 5 spaces). The last token is
+    backed up and its text returned as `heal`; the backend constrains its first token(s) to
+    re-type it. Only for backends that say `supports_heal` (a remote server cannot constrain)."""
+    ids = backend.encode(prompt)
+    tokenizer = getattr(backend, "tokenizer", None)
+    if (not getattr(backend, "supports_heal", False) or tokenizer is None or len(ids) < 2
+            or not prompt or prompt.endswith("\n")):
+        return ids, ""
+    if ids[-1] in set(getattr(tokenizer, "all_special_ids", []) or []):
+        return ids, ""  # e.g. a FIM prompt ending in <MID>
+    heal = Detokenizer(tokenizer, ids[:-1]).add(ids[-1])
+    if not heal or not prompt.endswith(heal):
+        return ids, ""  # the token's text does not read back exactly: backing up would change the prompt
+    return ids[:-1], heal
+
+
+def _after_heal(heal: str, stop_fn: Callable[[str], int | None]) -> Callable[[str], int | None]:
+    """`stop_fn` over the text after the re-typed `heal`, in the offsets of the whole text."""
+    def cut(text: str) -> int | None:
+        if len(text) < len(heal):
+            return None
+        at = stop_fn(text[len(heal):])
+        return None if at is None else at + len(heal)
+    return cut
 
 
 def run(gen, tokenizer=None, prompt: Sequence[int] = (), stop: Sequence[str] = (),
@@ -108,12 +135,14 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     lookup = backend.encode(prompt.lookup_text) if prompt.lookup_text else []
     gen = backend.generate(ids, max_new_tokens=max_tokens, cancel=cancel, speculative=speculative,
                            key=key, lookup_ids=lookup, heal=heal, **generate_options)
-    result = run(gen, backend.tokenizer, ids, stop_fn=lambda text: block_end(text, mode))
+    result = run(gen, backend.tokenizer, ids, stop_fn=_after_heal(heal, lambda text: block_end(text, mode)))
+    if heal:  # the text as seen from the cursor: what was backed up over is already typed
+        result.text = result.text[len(heal):] if result.text.startswith(heal) else ""
+    offsets = token_logprobs(backend.tokenizer, ids, result, heal)
     if result.cancelled:
         return result, None
     return result, finalize(result.text, line_prefix, prompt.suffix, mode,
-                            logprobs=token_logprobs(backend.tokenizer, ids, result),
-                            min_confidence=min_confidence)
+                            logprobs=offsets, min_confidence=min_confidence)
 
 
 def prefill_at(backend, builder: ContextBuilder, key: str, source: str, offset: int,

@@ -171,11 +171,17 @@ def expected_speedup(alpha: float, k: int, c: float) -> float:
     return expected_tokens(alpha, k) / (1.0 + k * c)
 
 
-def best_k(alpha: float, c: float, k_max: int = K_MAX) -> tuple[int, float]:
-    """argmax over K in 0..k_max of the speedup; ties go to the smaller K (less wasted draft work)."""
+def best_k(alpha: float, c: float, k_max: int = K_MAX,
+           verify_cost: list[float] | None = None) -> tuple[int, float]:
+    """argmax over K in 0..k_max of the speedup; ties go to the smaller K (less wasted draft work).
+
+    verify_cost[k]: a target forward over k+1 tokens, in 1-token forwards (verify_cost[0] == 1).
+    None: 1 for every k (memory-bound decoding, the plan's model); the engine passes measured ones.
+    """
     best = (0, 1.0)
     for k in range(1, k_max + 1):
-        s = expected_speedup(alpha, k, c)
+        verify = verify_cost[k] if verify_cost is not None else 1.0
+        s = expected_tokens(alpha, k) / (verify + k * c)
         if s > best[1] + 1e-12:
             best = (k, s)
     return best

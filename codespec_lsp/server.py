@@ -214,8 +214,11 @@ class CodespecServer(LanguageServer):
         # completions everywhere (`clean` keeps offsets).
         docs = self.workspace.text_documents
         others = [(_name(u), documents.clean(d.source)) for u, d in docs.items() if d is not doc]
+        # The request id and position as the client sent them: the scheduler's debug line
+        # per request names them, so a client's log can be matched line for line.
         return CompletionRequest(uri, documents.clean(doc.source), offset,
-                                 others[:MAX_OTHER_DOCUMENTS])
+                                 others[:MAX_OTHER_DOCUMENTS], request_id=self.protocol.msg_id,
+                                 position=(position.line, position.character))
 
 
 def _unquote(uri: str) -> str:

@@ -160,21 +160,23 @@ def test_cache_reuse_matches_cold_start(parts):
 def test_prefix_cache_byte_bound_evicts(parts):
     tok, target, _ = parts
     cache = PrefixCache(target, max_bytes=1)  # any real entry is over budget
-    kv, reused = cache.acquire([1, 2, 3])
+    kv = cache.acquire("a", [1, 2, 3])
     engine = make_engine(target, None, tok)
     one = engine.target_cache
-    for i, text in enumerate((SOURCE[:1500], SOURCE[3000:4500], SOURCE[6000:7500])):
-        generate_text(engine, text, max_new_tokens=2)
+    texts = {"a": SOURCE[:1500], "b": SOURCE[3000:4500], "c": SOURCE[6000:7500]}
+    for key, text in texts.items():
+        generate_text(engine, text, max_new_tokens=2, key=key)
     assert len(one) == 3
     per_entry = one.nbytes // 3
     small = make_engine(target, None, tok, cache_bytes=int(per_entry * 2.5))
-    for text in (SOURCE[:1500], SOURCE[3000:4500], SOURCE[6000:7500]):
-        generate_text(small, text, max_new_tokens=2)
+    for key, text in texts.items():
+        generate_text(small, text, max_new_tokens=2, key=key)
     assert len(small.target_cache) == 2 and small.target_cache.nbytes <= small.target_cache.max_bytes
     # the oldest went first: its text now starts cold
-    assert generate_text(small, SOURCE[:1500], max_new_tokens=2).reused_tokens == 0
-    assert reused == 0 and cache.acquire([1, 2, 3])[1] == 0
-    cache.release([1, 2, 3], kv)
+    assert generate_text(small, texts["a"], max_new_tokens=2, key="a").reused_tokens == 0
+    assert len(kv) == 0 and len(cache.acquire("a", [1, 2, 3])) == 0
+    kv.extend([1, 2])
+    cache.release("a", kv)
     assert len(cache) == 0  # an entry bigger than the whole budget is not kept
 
 

@@ -68,3 +68,32 @@ def test_engine_is_freed_and_its_hooks_removed():
     finally:
         gc.enable()
     assert len(layer._forward_pre_hooks) == before
+
+
+HEADER = "".join(f"# Copyright (c) 2026 Example Project contributors. Line {i} of the licence header.\n"
+                 for i in range(30))
+
+
+def test_two_documents_sharing_a_header_each_keep_their_cache():
+    """Bug 1: the prefix cache handed one document's entry to another that shared its licence
+    header, cropping it to the header: alternating keystrokes in two such files re-ran ~200
+    tokens each time. One entry per document; a shared head is copied, never taken."""
+    from engine_helpers import CORPUS
+    tok, target, draft = tiny_parts()
+    engine = make_engine(target, draft, tok)
+    bodies = {"file:///a.py": HEADER + (CORPUS / "textwrap.py").read_text()[:1500],
+              "file:///b.py": HEADER + (CORPUS / "shlex.py").read_text()[:1500]}
+    first = {}
+    for key, text in bodies.items():
+        first[key] = generate_text(engine, text, max_new_tokens=2, key=key)
+    # b's first request found a's header: a copy of it, not a cold start
+    assert first["file:///b.py"].reused_tokens >= engine.count_tokens(HEADER) - 1
+    for typed in "x = 1":
+        for key in bodies:
+            bodies[key] += typed
+            result = generate_text(engine, bodies[key], max_new_tokens=2, key=key)
+            assert result.prefill_tokens <= 8, (key, typed, result.prefill_tokens)
+    assert len(engine.target_cache) == 2
+    # a request never takes another document's entry: a's entry is still whole
+    again = generate_text(engine, bodies["file:///a.py"], max_new_tokens=2, key="file:///a.py")
+    assert again.prefill_tokens <= 2

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from codespec_lsp.engine import (MissingExtraError, ModelLoadError, TokenizerMismatchError,
                                  load_engine)
-from codespec_lsp.engine.models import TINY_DIR, check_pair, load_tokenizer
+from codespec_lsp import TINY_DIR
+from codespec_lsp.engine.models import check_pair, load_tokenizer
 
 pytestmark = pytest.mark.slow
 

@@ -33,6 +33,8 @@ class TestLoops:
         "str(str(str(str(",
         "x = 1\nx = 1\n",
         "a = f(x)\nb = g(y)\na = f(x)\nb = g(y)",
+        "self.x = 1\n\nself.x = 1",
+        "f(None, None, None, None)",
     ])
     def test_a_loop_is_found(self, text):
         assert find_loop(text) is not None
@@ -40,21 +42,39 @@ class TestLoops:
     @pytest.mark.parametrize("text", [
         "[0, 0, 0]",
         "# ------------------",
+        "# __________________",
         "return found",
         "x = a + b\ny = a - b",
         "        )\n    )\n)",
+        "proc.__exit__(None, None, None)",
+        "mask = 0xffffffffffffffff",
+        "third = 0.3333333333",
+        "data = b'\\x00\\x00\\x00\\x00\\x00'",
+        "'test test test'",
+        "try:\n    try:\n        pass",
     ])
     def test_code_that_repeats_a_little_is_not_a_loop(self, text):
         assert find_loop(text) is None
 
-    def test_a_loop_is_cut_after_its_first_copy(self):
-        out = finalize("self.run_run_run_run_run()", "    ", "", Mode(False, 0))
-        assert out is not None and "run_run_run" not in out
-        assert out.startswith("self.run_")
+    def test_the_first_line_counts_at_the_cursors_indentation(self):
+        # the first line follows the editor's indentation; a stray leading space does not count
+        assert find_loop(" x.append(1)\n    x.append(1)", "    ") is not None
+        assert find_loop("try:\n        try:", "    ") is None
+
+    def test_a_loop_on_the_first_line_is_cut_where_it_starts(self):
+        assert finalize("self.run_run_run_run_run()", "    ", "", Mode(False, 0)) == "self."
+        assert finalize("x = str(str(str(str(str(a", "    ", "", Mode(False, 0)) == "x ="
+        assert finalize("str(str(str(str(str(a", "    ", "", Mode(False, 0)) is None
+
+    def test_a_later_line_holding_a_loop_is_dropped(self):
+        raw = "x = compute(a)\n    y = str(str(str(str(str(a\n    z = 3"
+        assert finalize(raw, "    ", "", Mode(True, 4)) == "x = compute(a)"
 
     def test_a_repeated_line_is_kept_once(self):
         out = finalize("x.append(1)\n    x.append(1)\n    x.append(1)\n", "    ", "", Mode(True, 4))
         assert out == "x.append(1)"
+        raw = "a = f(x)\n    b = g(y)\n    a = f(x)\n    b = g(y)\n"
+        assert finalize(raw, "    ", "", Mode(True, 4)) == "a = f(x)\n    b = g(y)"
 
 
 class TestConfidence:

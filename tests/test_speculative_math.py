@@ -3,7 +3,8 @@
 import torch
 
 from codespec_lsp.engine.engine import KController
-from codespec_lsp.engine.speculative import adjust_probs, best_k, verify_greedy, verify_sampled
+from codespec_lsp.engine.speculative import adjust_probs, verify_greedy, verify_sampled
+from codespec_lsp.planner import best_k
 from codespec_lsp.planner import expected_tokens
 
 
@@ -58,11 +59,15 @@ def test_expected_tokens_and_best_k():
     assert expected_tokens(1.0, 4) == 5.0
     assert abs(expected_tokens(0.8, 3) - (1 - 0.8 ** 4) / 0.2) < 1e-12
     flat = [1.0] * 9
-    assert best_k(0.9, 0.01, flat, 8) == 8          # nearly free, nearly always right: draft a lot
-    assert best_k(0.3, 0.6, flat, 8) == 0           # expensive and wrong: target alone
-    k = best_k(0.7, 0.2, flat, 8)
+    assert best_k(0.9, 0.01, 8, flat)[0] == 8       # nearly free, nearly always right: draft a lot
+    assert best_k(0.3, 0.6, 8, flat)[0] == 0        # expensive and wrong: target alone
+    k = best_k(0.7, 0.2, 8, flat)[0]
     rate = lambda k: expected_tokens(0.7, k) / (1 + 0.2 * k)  # noqa: E731
     assert all(rate(k) >= rate(j) for j in range(9))
+    assert best_k(0.7, 0.2, 8, flat) == best_k(0.7, 0.2, 8)  # one best_k: the planner's, flat by default
+    # a verify forward that grows with its length (compute-bound CPU) makes long drafts lose
+    steep = [1.0 + 0.5 * n for n in range(9)]
+    assert best_k(0.7, 0.2, 8, steep)[0] < k
 
 
 def test_controller_learns_acceptance_and_goes_to_zero_when_drafting_does_not_pay():

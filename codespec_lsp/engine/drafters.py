@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 
 from codespec_lsp.engine import hf
 from codespec_lsp.engine.api import CancelToken
-from codespec_lsp.engine.kvcache import PrefixCache, common_prefix_len
+from codespec_lsp.engine.kvcache import KV, PrefixCache, common_prefix_len
 from codespec_lsp.engine.speculative import adjust_probs, sample
 
 
@@ -42,12 +42,14 @@ class Drafter(Protocol):
     name: str
     forwards: int  # draft-model forward passes so far (0 for free drafters)
 
-    def begin(self, prompt: list[int], lookup: list[int]) -> None: ...
+    def begin(self, key: str | None, prompt: list[int], lookup: list[int]) -> None: ...
 
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
                 cancel: CancelToken | None) -> Proposal: ...
 
-    def end(self, tokens: list[int]) -> None: ...
+    def rollback(self, n: int) -> None: ...  # keep at most the first n positions of its state
+
+    def end(self, key: str | None, tokens: list[int] | None) -> None: ...  # None: state is unusable
 
 
 class NgramDrafter:
@@ -70,7 +72,7 @@ class NgramDrafter:
                 if end - n >= 0:
                     index[tuple(seq[end - n:end])] = end
 
-    def begin(self, prompt: list[int], lookup: list[int]) -> None:
+    def begin(self, key: str | None, prompt: list[int], lookup: list[int]) -> None:
         self._index, self._indexed = {}, 0
         if lookup != self._reference:
             self._reference, self._reference_index = list(lookup), {}
@@ -90,14 +92,17 @@ class NgramDrafter:
                     return Proposal(seq[start:start + k], None)
         return Proposal([], None)
 
-    def end(self, tokens: list[int]) -> None:
+    def rollback(self, n: int) -> None:
+        pass  # the index only holds positions with a continuation: nothing past the prompt lies
+
+    def end(self, key: str | None, tokens: list[int] | None) -> None:
         pass
 
 
 class ModelDrafter:
-    """The draft model. Its cache holds `self._cached`; each propose feeds the tokens the target
-    accepted (or the n-gram source supplied) since its last step with its first draft forward,
-    then drafts one token per forward."""
+    """The draft model over its own KV. Each propose first catches its KV up with the tokens the
+    target accepted (or the n-gram source supplied) since its last step, riding along with its
+    first draft forward, then drafts one token per forward."""
 
     name = "model"
 
@@ -108,39 +113,33 @@ class ModelDrafter:
         self.vocab_size = vocab_size
         self.prefill_chunk = prefill_chunk
         self.forwards = 0
-        self._cache = None
-        self._cached: list[int] = []
+        self.kv: KV | None = None
 
-    def begin(self, prompt: list[int], lookup: list[int]) -> None:
-        self._cache, reused = self.prefix_cache.acquire(prompt)
-        self._cached = prompt[:reused]
+    def begin(self, key: str | None, prompt: list[int], lookup: list[int]) -> None:
+        self.kv = self.prefix_cache.acquire(key, prompt)
 
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
                 cancel: CancelToken | None) -> Proposal:
-        keep = min(common_prefix_len(self._cached, tokens), len(tokens) - 1)
-        hf.crop(self._cache, keep)
-        self._cached = tokens[:keep]
+        kv = self.kv
+        kv.crop(min(common_prefix_len(kv.ids, tokens), len(tokens) - 1))
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
-        # The tokens accepted since the last step ride along with the first draft forward, so a
-        # step costs k draft forwards, not k + 1; only a long catch-up (a new prompt) runs first,
-        # in cancellable chunks.
-        split = max(keep, len(tokens) - self.prefill_chunk)
-        catch_up = tokens[keep:split]
-        if not hf.prefill(self.model, catch_up, self._cache, self.prefill_chunk, is_cancelled):
-            self._cached = tokens[:hf.cache_len(self._cache)]
-            return Proposal([], None)
+        # Only a long catch-up (a new prompt) runs on its own, in cancellable chunks; the rest
+        # rides with the first draft forward, so a step costs k draft forwards, not k + 1.
+        split = max(len(kv), len(tokens) - self.prefill_chunk)
+        catch_up = tokens[len(kv):split]
+        done = kv.prefill(catch_up, self.prefill_chunk, is_cancelled)
         self.forwards += -(-len(catch_up) // self.prefill_chunk)
-        self._cached = tokens[:split]
+        if not done:
+            return Proposal([], None)
         feed, drafted, probs = tokens[split:], [], []
         for _ in range(k):
             if is_cancelled():
                 break
             try:
-                logits = hf.forward(self.model, feed, self._cache)[-1, :self.vocab_size]
+                logits = kv.extend(feed)[-1, :self.vocab_size]
             except hf.ForwardCancelled:
-                break  # the cache was rolled back to before this forward: _cached still holds
+                break  # rolled back to before this forward: kv.ids still match its cache
             self.forwards += 1
-            self._cached = self._cached + feed
             if sampling is None:
                 token = int(logits.argmax())
             else:
@@ -151,9 +150,13 @@ class ModelDrafter:
             feed = [token]
         return Proposal(drafted, torch.stack(probs) if probs else None)
 
-    def end(self, tokens: list[int]) -> None:
-        if self._cache is not None:
+    def rollback(self, n: int) -> None:
+        if self.kv is not None:
+            self.kv.crop(min(n, len(self.kv)))
+
+    def end(self, key: str | None, tokens: list[int] | None) -> None:
+        if self.kv is not None and tokens is not None:
             # Keep only what the target accepted; rejected drafts would just be cropped next time.
-            keep = common_prefix_len(self._cached, tokens)
-            self.prefix_cache.release(self._cached[:keep], self._cache)
-        self._cache, self._cached = None, []
+            self.kv.crop(common_prefix_len(self.kv.ids, tokens))
+            self.prefix_cache.release(key, self.kv)
+        self.kv = None

@@ -20,11 +20,10 @@ import torch
 
 from codespec_lsp.engine import hf
 from codespec_lsp.engine.api import CancelToken, Generation, GenerationError, GenerationResult
-from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, Sampling
+from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
+from codespec_lsp.engine.heal import Heal, token_texts
 from codespec_lsp.engine.kvcache import PrefixCache
-from codespec_lsp.engine.speculative import adjust_probs, best_k, verify_greedy, verify_sampled
-
-K_MAX = 8
+from codespec_lsp.engine.speculative import K_MAX, best_k, step
 PREFILL_RESERVE = 64 + K_MAX + 1  # room kept after the prompt: prefill and generate cut alike
 TRUNCATE_STEP = 256  # over-long prompts lose their head in steps this big (cache-friendly)
 PROBE_EVERY = 16  # steps at K = 0 before one probe at K = 1, so a drafter that improves is noticed
@@ -56,7 +55,7 @@ class KController:
         return self.draft_s / target_s
 
     def choose(self, target_s: float | None, verify_cost: list[float]) -> int:
-        k = best_k(self.alpha, self.cost(target_s), verify_cost, self.k_max)
+        k = best_k(self.alpha, self.cost(target_s), self.k_max, verify_cost)[0]
         if k == 0:
             self.idle_steps += 1
             if self.idle_steps >= PROBE_EVERY:
@@ -108,6 +107,7 @@ class Engine:
         weakref.finalize(self, lambda: [h.remove() for h in hooks])
         self.target_forward_s: deque[float] = deque(maxlen=512)  # recent target forward times
         self._verify_s: dict[int, float] = {}                     # n tokens -> EMA seconds
+        self._token_texts: list[str] | None = None
 
     def _should_stop(self) -> bool:
         return self._cancel is not None and self._cancel.cancelled
@@ -140,10 +140,19 @@ class Engine:
             return [self.model_drafter]
         return [self.ngram, self.model_drafter]  # "auto"/"combined": free lookup first
 
+    supports_heal = True  # generate() honours `heal` (SEAM.md), so complete.py may back up
+
     def reset_caches(self) -> None:
         self.target_cache.clear()
         if self.model_drafter is not None:
             self.model_drafter.prefix_cache.clear()
+
+    @property
+    def token_texts(self) -> list[str]:
+        """Each id's text (token healing's constraint reads it); computed on first use."""
+        if self._token_texts is None:
+            self._token_texts = token_texts(self.tokenizer, self.vocab_size)
+        return self._token_texts
 
     def set_prefix_cache(self, enabled: bool) -> None:
         """Benchmarks compare against a cold start; the server always keeps it on."""
@@ -168,8 +177,8 @@ class Engine:
 
     def prefill(self, ids: list[int], *, key: str | None = None,
                 cancel: CancelToken | None = None) -> GenerationResult:
-        """Bring `ids` into both models' prefix caches without generating (e.g. when a file is
-        opened), so the first completion there pays only for what was typed since."""
+        """Bring `ids` into both models' prefix caches (document `key`) without generating, e.g.
+        when a file is opened, so the first completion there pays only for what was typed since."""
         started = time.perf_counter()
         seq = self.fit(ids, reserve=PREFILL_RESERVE)
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
@@ -180,12 +189,15 @@ class Engine:
         self._cancel = cancel
         try:
             for i, store in enumerate(stores):
-                cache, reused = store.acquire(seq)
-                done = False
+                kv = store.acquire(key, seq)
+                reused, done = len(kv), False
                 try:
-                    done = hf.prefill(store.model, seq[reused:-1], cache, self.prefill_chunk, is_cancelled)
+                    done = kv.prefill(seq[len(kv):-1], self.prefill_chunk, is_cancelled)
+                except BaseException:
+                    kv.reset()  # mid-forward: the layers may hold different lengths
+                    raise
                 finally:
-                    store.release(seq, cache)
+                    store.release(key, kv)
                 if i == 0:
                     result.reused_tokens = reused
                     result.prefill_tokens = len(seq) - 1 - reused if done else 0
@@ -225,33 +237,29 @@ class Engine:
         costs[0] = 1.0
         return costs
 
-    def _draft(self, sources: list[Drafter], seq: list[int], room: int, sampling: Sampling | None,
-               cancel: CancelToken | None) -> tuple[Proposal, str | None, float]:
+    def _plan(self, sources: list[Drafter], room: int) -> list[tuple[Drafter, int]]:
+        """(drafter, K) for each source, K from its controller (or fixed_k), at most `room`."""
         verify_cost = self._verify_cost()
+        plan = []
         for source in sources:
             ctl = self.controllers[source.name]
             k = self.fixed_k if self.fixed_k is not None else ctl.choose(self._verify_s.get(1), verify_cost)
-            k = min(k, room)
-            if k <= 0:
-                continue
-            start = time.perf_counter()
-            proposal = source.propose(seq, k, sampling, cancel)
-            if proposal.tokens:
-                return proposal, source.name, time.perf_counter() - start
-        return Proposal([], None), None, 0.0
+            plan.append((source, max(min(k, room), 0)))
+        return plan
 
     def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None, lookup_ids: Sequence[int] = (),
                  heal: str = "", drafter: str | None = None) -> Generation:
-        """A Generation: iterate it for new token ids, `close()` it to stop; `.result` has counts."""
+        """A Generation: iterate it for new token ids, `close()` it to stop; `.result` has counts.
+        `heal`: the generated text must start with it (token healing; see heal.py)."""
         result = GenerationResult()
         steps = self._steps(list(ids), result, max_new_tokens, temperature, top_p, seed, cancel,
-                            speculative, list(lookup_ids), drafter)
+                            speculative, key, list(lookup_ids), heal, drafter)
         return Generation(steps, result)
 
     def _steps(self, ids, result: GenerationResult, max_new_tokens, temperature, top_p, seed,
-               cancel, speculative, lookup, drafter):
+               cancel, speculative, key, lookup, heal, drafter):
         started = time.perf_counter()
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
         seq = self.fit(ids, reserve=max(PREFILL_RESERVE, max_new_tokens + K_MAX + 1))
@@ -261,54 +269,51 @@ class Engine:
             device = next(self.target_model.parameters()).device
             generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
             sampling = Sampling(temperature, top_p, generator)
+        healing = Heal(self.token_texts, heal) if heal else None
         sources = self.sources(speculative, drafter)
         draft_forwards_before = sum(s.forwards for s in sources)
 
-        cache, reused = self.target_cache.acquire(seq)
-        result.reused_tokens = reused
+        target = self.target_cache.acquire(key, seq)
+        result.reused_tokens = len(target)
         self._cancel = cancel
+        failed = False
         try:
             for source in sources:
-                source.begin(seq, lookup)
+                source.begin(key, seq, lookup)
             t0 = time.perf_counter()
-            done = hf.prefill(self.target_model, seq[reused:-1], cache, self.prefill_chunk, is_cancelled)
+            done = target.prefill(seq[len(target):-1], self.prefill_chunk, is_cancelled)
             result.prefill_s = time.perf_counter() - t0
             if done:
-                result.prefill_tokens = prompt_len - reused
+                result.prefill_tokens = prompt_len - result.reused_tokens
             else:
                 result.cancelled = True
             while not result.cancelled and result.stop_reason == "max_tokens":
                 new_count = len(seq) - prompt_len
                 if new_count >= max_new_tokens:
                     break
-                room = max_new_tokens - new_count - 1
-                t0 = time.perf_counter()
-                proposal, source_name, draft_s = self._draft(sources, seq, room, sampling, cancel)
-                if sources:  # target-only: no drafting time, however small the call
-                    result.draft_s += time.perf_counter() - t0
-                if is_cancelled():
-                    result.cancelled = True
-                    break
-                t0 = time.perf_counter()
+                plan = self._plan(sources, room=max_new_tokens - new_count - 1)
                 try:
-                    n_kept, next_token, logprobs = self._verify(seq, proposal, cache, sampling)
+                    out = step(target, seq, plan, sampling, self.vocab_size, cancel, healing)
                 except hf.ForwardCancelled:
-                    result.cancelled = True  # stopped between layers; the cache was rolled back
+                    result.cancelled = True  # stopped between layers; the forward was rolled back
                     break
-                finally:
-                    result.verify_s += time.perf_counter() - t0
+                result.draft_s += out.draft_s if sources else 0.0  # target-only: no drafting time
+                result.verify_s += out.verify_s
                 result.target_forwards += 1
-                new = proposal.tokens[:n_kept] + [next_token]
+                self._record_verify(out.fed, out.verify_s)
+                new = out.tokens
                 ends = [i for i, t in enumerate(new) if t in self.stop_ids]
                 if ends:
                     new, result.stop_reason = new[:ends[0] + 1], "eos"
                 new = new[:max_new_tokens - new_count]
-                if source_name is not None:
-                    self.controllers[source_name].record(len(proposal.tokens), n_kept, draft_s)
-                    result.proposed += len(proposal.tokens)
-                    result.accepted += min(n_kept, len(new))  # drafts after an end token don't count
+                if out.source is not None:
+                    self.controllers[out.source.name].record(out.proposed, out.kept, out.draft_s)
+                    result.proposed += out.proposed
+                    result.accepted += min(out.kept, len(new))  # drafts after an end token don't count
                 seq.extend(new)
-                for tok, lp in zip(new, logprobs):
+                if healing is not None:
+                    healing.accept(new)
+                for tok, lp in zip(new, out.logprobs):
                     if tok in self.stop_ids:
                         break
                     result.tokens.append(tok)
@@ -317,10 +322,10 @@ class Engine:
                 if is_cancelled():
                     result.cancelled = True
         except torch.OutOfMemoryError as exc:
-            self.reset_caches()
-            context = len(seq)
-            seq = []  # the caches may be half-written: keep nothing of them
+            failed = True
             result.stop_reason = "error"
+            context = len(seq)
+            self._discard(target)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             raise GenerationError(
@@ -328,40 +333,27 @@ class Engine:
                 f"max tokens, or pick a smaller preset ({exc.__class__.__name__})") from exc
         except BaseException as exc:
             if not isinstance(exc, GeneratorExit):
-                # Mid-forward: the layers may hold different lengths. Keep nothing of them.
-                self.reset_caches()
-                seq = []
+                failed = True  # mid-forward: the layers may hold different lengths, keep nothing
                 result.stop_reason = "error"
+                self._discard(target)
             raise
         finally:
             self._cancel = None
-            self.target_cache.release(seq, cache)  # crops to `seq`, e.g. drops KV after an EOS
+            if not failed:
+                target.crop(min(len(target), len(seq)))  # e.g. drops KV after an end token
+                self.target_cache.release(key, target)
             for source in sources:
-                source.end(seq)
+                source.end(key, None if failed else seq)
             if result.cancelled:
                 result.stop_reason = "cancelled"
             result.draft_forwards = sum(s.forwards for s in sources) - draft_forwards_before
             result.wall_s = time.perf_counter() - started
             result.other_s = max(result.wall_s - result.prefill_s - result.draft_s - result.verify_s, 0.0)
 
-    def _verify(self, seq: list[int], proposal: Proposal, cache, sampling: Sampling | None
-                ) -> tuple[int, int, list[float]]:
-        """One target forward over the pending token(s) plus the proposal, then the rollback."""
-        held = hf.cache_len(cache)
-        feed = seq[held:] + proposal.tokens
-        start = time.perf_counter()
-        logits = hf.forward(self.target_model, feed, cache)[-(len(proposal.tokens) + 1):, :self.vocab_size]
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [k+1, V]: the target's own distribution
-        if sampling is None:
-            n_kept, next_token = verify_greedy(logits, proposal.tokens)
-        else:
-            p = adjust_probs(logits, sampling.temperature, sampling.top_p)
-            n_kept, next_token = verify_sampled(p, proposal.probs, proposal.tokens, sampling.generator)
-        elapsed = time.perf_counter() - start
-        self.target_forward_s.append(elapsed)
-        n = len(feed)
-        self._verify_s[n] = elapsed if n not in self._verify_s else 0.8 * self._verify_s[n] + 0.2 * elapsed
-        hf.crop(cache, len(seq) + n_kept)  # KV rollback: drop the rejected drafts
-        kept = proposal.tokens[:n_kept] + [next_token]
-        logprobs = logp[torch.arange(len(kept)), torch.tensor(kept)].tolist()
-        return n_kept, next_token, logprobs
+    def _discard(self, target) -> None:
+        self.reset_caches()
+        target.reset()
+
+    def _record_verify(self, n: int, seconds: float) -> None:
+        self.target_forward_s.append(seconds)
+        self._verify_s[n] = seconds if n not in self._verify_s else 0.8 * self._verify_s[n] + 0.2 * seconds

@@ -1,20 +1,23 @@
-"""Cross-request KV prefix cache for one model, bounded in bytes.
+"""KV state: one small class (token ids + the model's cache) and the cross-request prefix cache.
 
-Contract: `acquire(tokens)` hands out the cached sequence sharing the longest token prefix with
-`tokens`, cropped to that prefix (and always short of the last token, so the caller has at least
-one token to run and gets logits). A prefix shorter than MIN_REUSE tokens and than half the entry
-starts cold instead, leaving that entry to its own file. The caller owns it until `release(tokens, cache)` puts it back
-under the tokens it now really holds. Several sequences are kept, because the user moves between
-files; the least recently used go first once their tensors exceed `max_bytes`.
+`KV` holds `ids` and a transformers cache holding exactly their keys and values (gpt-fast's
+"tokens plus a length": rollback is `crop`). The target, the draft-model drafter and the prefix
+cache all use it, so no token list is kept in step with a cache by hand.
 
-A sequence is handed out, not copied: copying KV per keystroke would cost more than it saves, and
-the entry it came from is the one the new request extends.
+`PrefixCache` keeps ONE entry per document key (the URI). Contract of `acquire(key, ids)`:
+- it hands out a KV holding a prefix of `ids`, always short of the last token (the caller runs
+  at least one token and gets logits);
+- that KV is the document's own entry (cropped to the common prefix), or, when another document's
+  entry shares a longer head (a licence header, a common import block), a COPY of that head: a
+  request never takes or crops another document's entry;
+- the caller owns it until `release(key, kv)` stores it back as that document's entry.
+Entries are bounded in bytes; the least recently used go first.
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
+import copy
+from collections.abc import Callable
 
 import torch
 from cachetools import LRUCache
@@ -22,24 +25,14 @@ from transformers import DynamicCache, PreTrainedModel
 
 from codespec_lsp.engine import hf
 
-# Taking an entry crops it, so a short shared head (BOS, a common import block) must not cost
-# another file its cache: an entry is reused only for a prefix this long or half its length.
-MIN_REUSE = 32
-
-
-@dataclass
-class _Entry:
-    tokens: torch.Tensor  # int64 ids, kept as a tensor: every request compares against every entry
-    cache: DynamicCache
-    nbytes: int
-
-
-def _as_tensor(tokens) -> torch.Tensor:
-    return tokens if isinstance(tokens, torch.Tensor) else torch.tensor(tokens, dtype=torch.long)
+# Copying another document's head only pays when it saves more than this many tokens over the
+# document's own entry (a copy moves the whole head's KV; extending our own moves nothing).
+MIN_COPY_GAIN = 16
 
 
 def common_prefix_len(a, b) -> int:
-    a, b = _as_tensor(a), _as_tensor(b)
+    a = a if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=torch.long)
+    b = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=torch.long)
     n = min(len(a), len(b))
     if n == 0:
         return 0
@@ -47,42 +40,90 @@ def common_prefix_len(a, b) -> int:
     return int(mismatch[0]) if len(mismatch) else n
 
 
+class KV:
+    """Token ids and the model's KV for exactly those ids."""
+
+    def __init__(self, model: PreTrainedModel, ids: list[int] | None = None,
+                 cache: DynamicCache | None = None) -> None:
+        self.model = model
+        self.ids: list[int] = list(ids or [])
+        self.cache = cache if cache is not None else hf.new_cache(model)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def extend(self, ids: list[int]) -> torch.Tensor:
+        """Run `ids` after what is held; returns their logits [len(ids), V]. A forward cancelled
+        between layers is rolled back whole (hf.forward), so `ids` stay as they were."""
+        logits = hf.forward(self.model, ids, self.cache)
+        self.ids.extend(ids)
+        return logits
+
+    def prefill(self, ids: list[int], chunk: int, cancelled: Callable[[], bool] = lambda: False) -> bool:
+        """Extend by `ids` in chunks, checking `cancelled` between them; chunks run stay. False if cancelled."""
+        for start in range(0, len(ids), chunk):
+            if cancelled():
+                return False
+            try:
+                self.extend(ids[start:start + chunk])
+            except hf.ForwardCancelled:
+                return False
+        return True
+
+    def crop(self, n: int) -> None:
+        """Keep the first n positions (rollback of rejected drafts, or a prompt that branched)."""
+        hf.crop(self.cache, n)
+        del self.ids[n:]
+
+    def copy(self, n: int | None = None) -> "KV":
+        """An independent KV holding the first n positions (all by default)."""
+        n = len(self) if n is None else n
+        head = KV(self.model, self.ids[:n], copy.deepcopy(self.cache))
+        hf.crop(head.cache, n)
+        return head
+
+    def reset(self) -> None:
+        self.ids, self.cache = [], hf.new_cache(self.model)
+
+    @property
+    def nbytes(self) -> int:
+        return hf.cache_nbytes(self.cache)
+
+
 class PrefixCache:
     def __init__(self, model: PreTrainedModel, max_bytes: int, enabled: bool = True) -> None:
         self.model = model
         self.enabled = enabled
         self.max_bytes = max_bytes
-        self._entries: LRUCache = LRUCache(maxsize=max_bytes, getsizeof=lambda e: e.nbytes)
-        self._ids = itertools.count()
+        self._entries: LRUCache = LRUCache(maxsize=max_bytes, getsizeof=lambda kv: max(kv.nbytes, 1))
 
-    def acquire(self, tokens: list[int]) -> tuple[DynamicCache, int]:
-        """Returns (cache, reused): the cache holds exactly tokens[:reused], reused < len(tokens)."""
-        best_key, best_len = None, 0
-        wanted = _as_tensor(tokens)
-        if self.enabled:
-            for key, entry in self._entries.items():
-                n = common_prefix_len(entry.tokens, wanted)
-                if n > best_len and (n >= MIN_REUSE or 2 * n >= len(entry.tokens)):
-                    best_key, best_len = key, n
-        if best_key is None:
-            return hf.new_cache(self.model), 0
-        entry = self._entries.pop(best_key)
-        reused = min(best_len, len(tokens) - 1, hf.cache_len(entry.cache))
-        hf.crop(entry.cache, reused)
-        return entry.cache, reused
+    def acquire(self, key: str | None, ids: list[int]) -> KV:
+        """A KV holding a prefix of ids[:-1]: this document's entry, or a copy of a shared head."""
+        if not self.enabled or not ids:
+            return KV(self.model)
+        limit = len(ids) - 1
+        own = self._entries.pop(key, None)
+        own_len = min(common_prefix_len(own.ids, ids), limit) if own is not None else 0
+        donor, donor_len = None, 0
+        for other in self._entries.values():
+            n = min(common_prefix_len(other.ids, ids), limit)
+            if n > donor_len:
+                donor, donor_len = other, n
+        if donor is not None and donor_len >= own_len + MIN_COPY_GAIN:
+            return donor.copy(donor_len)  # the donor's entry stays whole: it is another file's
+        if own is None:
+            return KV(self.model)
+        own.crop(own_len)
+        return own
 
-    def release(self, tokens: list[int], cache: DynamicCache) -> None:
-        """Keep `cache`, which holds the KV of `tokens[:cache_len(cache)]`, for later requests."""
-        if not self.enabled:
+    def release(self, key: str | None, kv: KV) -> None:
+        """Keep `kv` as document `key`'s entry (replacing any older one)."""
+        if not self.enabled or len(kv) == 0:
             return
-        hf.crop(cache, len(tokens))  # tokens after an EOS or a failure are not kept
-        held = hf.cache_len(cache)
-        if held == 0:
-            return
-        entry = _Entry(_as_tensor(tokens[:held]), cache, hf.cache_nbytes(cache))
-        if entry.nbytes > self.max_bytes:
+        if kv.nbytes > self.max_bytes:
+            self._entries.pop(key, None)
             return  # larger than the whole budget: keeping it would evict everything else
-        self._entries[next(self._ids)] = entry
+        self._entries[key] = kv
 
     def clear(self) -> None:
         self._entries.clear()

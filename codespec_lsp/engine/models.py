@@ -4,8 +4,9 @@
   unless the user allowed downloads: offline, a missing checkpoint is an error at once, not a hang.
 - `trust_remote_code` is off unless the user sets it.
 - GPTQ checkpoints load through transformers' GPTQ integration, which needs the `gptq` extra.
-- The pairing check runs before anything else is built: a draft whose tokenizer gives other ids
-  than the target's would have every token rejected (a "working" setup that is only slower).
+- The pairing check (codespec_lsp.pairing, the rule `doctor` reports too) runs before anything
+  else is built: a draft whose tokenizer gives other ids than the target's would have every token
+  rejected (a "working" setup that is only slower).
 """
 
 from __future__ import annotations
@@ -19,22 +20,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from codespec_lsp import TINY_DIR
 from codespec_lsp.engine.api import MissingExtraError, ModelLoadError, TokenizerMismatchError
 from codespec_lsp.engine.engine import Engine
+from codespec_lsp.pairing import compare_tokenizers
 
 # Progress bars on stderr are noise in an LSP log and in `complete` output.
 hf_logging.disable_progress_bar()
-
-TINY_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny"
-
-# Texts that exercise what code tokenizers disagree on: indentation, unicode, digits, specials.
-PAIRING_SAMPLES = [
-    "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n",
-    "class Config(dict):\n\tpass  # tab-indented\n",
-    'print(f"{x!r:>10} — naïve café 日本語 🚀")\n',
-    "x = [1, 22, 333, 4444, 55555] + {'key': None}\r\n",
-]
-
 
 @dataclass(frozen=True)
 class Preset:
@@ -146,33 +138,11 @@ def _explain(ref: str, what: str, exc: Exception, allow_download: bool) -> str:
 
 def check_pair(draft_tok: PreTrainedTokenizerBase, target_tok: PreTrainedTokenizerBase,
                draft_name: str, target_name: str) -> None:
-    """Raise TokenizerMismatchError unless both give the same ids for the same text."""
-    problems = []
-    if len(draft_tok) != len(target_tok):
-        problems.append(f"vocabulary sizes differ ({len(draft_tok)} vs {len(target_tok)})")
-    for name in ("bos_token_id", "eos_token_id", "unk_token_id"):
-        a, b = getattr(draft_tok, name), getattr(target_tok, name)
-        if a != b:
-            problems.append(f"{name} differs ({a} vs {b})")
-    for text in PAIRING_SAMPLES:
-        a = draft_tok.encode(text, add_special_tokens=False)
-        b = target_tok.encode(text, add_special_tokens=False)
-        if a != b:
-            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            problems.append(f"{text[:24]!r} tokenizes differently from token {first} "
-                            f"({a[first:first + 3]} vs {b[first:first + 3]})")
-            break
-    if not problems:
-        draft_vocab, target_vocab = draft_tok.get_vocab(), target_tok.get_vocab()
-        differing = sum(1 for tok, i in target_vocab.items() if draft_vocab.get(tok) != i)
-        if differing:
-            problems.append(f"{differing} of {len(target_vocab)} vocabulary entries map to other ids")
-    if problems:
-        raise TokenizerMismatchError(
-            f"draft {draft_name} cannot speculate for target {target_name}: " + "; ".join(problems)
-            + ". Speculative decoding needs a draft with the target's exact tokenizer, in practice a "
-              "smaller model of the same family (e.g. CodeLlama-7B-Python for CodeLlama-13B-Python), "
-              "or no draft model at all (n-gram drafting: --draft none).")
+    """Raise TokenizerMismatchError unless the pair passes the pairing rule (codespec_lsp.pairing),
+    with the same reason `doctor` reports for it."""
+    check = compare_tokenizers(draft_tok, target_tok)
+    if not check.compatible:
+        raise TokenizerMismatchError(check.refusal(draft_name, target_name))
 
 
 def load_engine(preset: str | None = None, draft: str | None = None, target: str | None = None,

@@ -12,10 +12,14 @@ else draw from norm(max(0, p - q)); the output then follows the target's distrib
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import torch
 
-# The planner owns the speedup model (pure arithmetic); the engine applies it to measured numbers.
-from codespec_lsp.planner import expected_tokens
+# The planner owns the speedup model, best_k and K's bound (pure arithmetic); the engine applies
+# them to measured numbers.
+from codespec_lsp.planner import K_MAX, best_k  # noqa: F401  (re-exported for the engine)
 
 
 def adjust_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
@@ -64,13 +68,46 @@ def verify_sampled(p: torch.Tensor, q: torch.Tensor | None, proposal: list[int],
     return n, sample(residual / residual.sum(), generator)
 
 
-def best_k(alpha: float, draft_cost: float, verify_cost: list[float], k_max: int) -> int:
-    """K maximising expected tokens per unit time.
+@dataclass
+class Step:
+    tokens: list[int]      # the kept drafts, then the target's own token
+    logprobs: list[float]  # the target's log-probability of each
+    source: object         # the drafter whose proposal was verified (None: the target alone)
+    proposed: int
+    kept: int
+    fed: int               # tokens in the verify forward (its cost depends on it)
+    draft_s: float
+    verify_s: float
 
-    draft_cost: one draft forward, in units of a 1-token target forward.
-    verify_cost[n]: a target forward over n+1 tokens in the same unit (verify_cost[0] == 1).
-    K = 0 (the target alone) wins whenever drafting does not pay.
+
+def step(target, seq: list[int], drafts: list, sampling, vocab: int, cancel=None, heal=None) -> Step:
+    """One speculative step: draft K, verify them in one target forward, accept, crop both caches.
+
+    target: a KV holding a prefix of seq, at least seq[:-1]. drafts: (drafter, K) pairs, asked in
+    turn until one proposes. Returns the new tokens: the longest accepted draft prefix, then one
+    token from the target (its correction, or the bonus token when every draft was kept).
     """
-    def rate(k: int) -> float:
-        return expected_tokens(alpha, k) / (verify_cost[k] + k * draft_cost)
-    return max(range(k_max + 1), key=rate)
+    t0 = time.perf_counter()
+    proposal, source = None, None
+    for drafter, k in drafts:                                         # draft: q, x[0..K)
+        if k > 0:
+            proposal, source = drafter.propose(seq, k, sampling, cancel), drafter
+            if proposal.tokens:
+                break
+    x = proposal.tokens if proposal is not None else []               # K drafted tokens
+    q = proposal.probs if proposal is not None else None              # [K, V] or None (one-hot)
+    t1 = time.perf_counter()
+    fed = seq[len(target):] + x
+    logits = target.extend(fed)[-(len(x) + 1):, :vocab]               # [K+1, V] one forward
+    constrained = heal.mask(logits, x) if heal is not None else logits
+    if sampling is None:                                              # greedy: argmax agreement
+        n, token = verify_greedy(constrained, x)
+    else:                                                             # keep x_i w.p. min(1, p/q)
+        p = adjust_probs(constrained, sampling.temperature, sampling.top_p)
+        n, token = verify_sampled(p, q, x, sampling.generator)
+    target.crop(len(seq) + n)                                         # roll back the rejected drafts
+    for drafter, _ in drafts:
+        drafter.rollback(len(seq) + n)
+    new = x[:n] + [token]
+    logp = torch.log_softmax(logits[:n + 1].float(), dim=-1)[torch.arange(n + 1), torch.tensor(new)]
+    return Step(new, logp.tolist(), source, len(x), n, len(fed), t1 - t0, time.perf_counter() - t1)

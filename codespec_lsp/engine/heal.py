@@ -1,0 +1,72 @@
+"""Token healing: the first generated token(s) must extend the text complete.py backed up over.
+
+complete.py removed the prompt's last token(s) (the cursor was mid-token or right after
+indentation) and passes their text as `heal`. While part of `heal` is still to come, the target may
+only emit tokens whose text starts with the rest of `heal` (it is covered, then extended) or is a
+non-empty prefix of it (it covers part). The mask is applied to the target's logits, so greedy
+speculative output stays the target's own greedy output under the same constraint, and sampling
+follows the target's constrained distribution (a draft proposing a masked token is just rejected).
+
+When `heal` ends in indentation (the cursor sits right after it), the indentation is what the user
+typed: a token covering `heal` may not go on with more spaces or tabs (byte-level BPE has
+"\n        " as one token, and taking it after "\n    " was typed gives an 8-space line).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_texts(tokenizer, vocab_size: int) -> list[str]:
+    """Each id's text as it reads after other text (decoders such as CodeLlama's strip the leading
+    space of a text's first token, so every id is decoded behind a context id). Special tokens and
+    incomplete UTF-8 pieces read as "" and are never allowed while healing."""
+    context = tokenizer.encode("a", add_special_tokens=False)[-1:]
+    head = tokenizer.decode(context, skip_special_tokens=True)
+    texts = tokenizer.batch_decode([context + [i] for i in range(vocab_size)], skip_special_tokens=True)
+    return [t[len(head):] if t.startswith(head) and "\ufffd" not in t else "" for t in texts]
+
+
+def advance(rest: str, text: str, indent: bool = False) -> str | None:
+    """What is left of `rest` after a token reading `text`; None when the token breaks it.
+    indent: `rest` ends the typed indentation, which the token may not lengthen."""
+    if text.startswith(rest):
+        return None if indent and text[len(rest):len(rest) + 1] in (" ", "\t") else ""
+    if text and rest.startswith(text):
+        return rest[len(text):]
+    return None
+
+
+class Heal:
+    """The constraint for one generation: `rest` is the part of `heal` not yet generated."""
+
+    def __init__(self, texts: list[str], heal: str) -> None:
+        self.texts, self.rest = texts, heal
+        tail = heal.rsplit("\n", 1)[-1]
+        self.indent = bool(tail) and not tail.strip()  # the cursor is right after indentation
+        self._allowed: dict[str, torch.Tensor] = {}
+
+    def allowed(self, rest: str) -> torch.Tensor:
+        if rest not in self._allowed:  # [V] bool; one per distinct rest, a handful per request
+            self._allowed[rest] = torch.tensor([advance(rest, t, self.indent) is not None for t in self.texts])
+        return self._allowed[rest]
+
+    def mask(self, logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
+        """logits [K+1, V]: row i (the token after drafted[:i]) keeps only allowed tokens."""
+        rest, out = self.rest, logits
+        for i in range(len(drafted) + 1):
+            if not rest:
+                break
+            if out is logits:
+                out = logits.clone()
+            out[i].masked_fill_(~self.allowed(rest).to(logits.device), float("-inf"))
+            if i < len(drafted):
+                rest = advance(rest, self.texts[drafted[i]], self.indent)
+                if rest is None:
+                    break  # drafted[i] is masked out, so it is rejected: later rows never count
+        return out
+
+    def accept(self, tokens: list[int]) -> None:
+        for t in tokens:
+            if self.rest:
+                self.rest = advance(self.rest, self.texts[t], self.indent) or ""

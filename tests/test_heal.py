@@ -1,0 +1,94 @@
+"""Token healing (SEAM.md `heal`): complete.prompt_ids backs up over the last token of a prompt
+ending mid-line, and the engine constrains its first token(s) to re-type it, losslessly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codespec_lsp.complete import complete_at, prompt_ids, run
+from codespec_lsp.context import ContextBuilder
+from engine_helpers import make_engine, random_draft_like, tiny_parts
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["def add(a, b):\n    ", "import os\n\npath = os.pa",
+           "class Box:\n    def size(self):\n        ret"]
+N_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def parts():
+    return tiny_parts()
+
+
+def healed_reference(target, engine, ids: list[int], heal: str, n: int) -> list[int]:
+    """The target's own greedy decoding under the constraint, by hand: while part of `heal` is
+    still to come, only tokens whose text starts with the rest, or is a non-empty prefix of it;
+    when `heal` ends in indentation, a token covering it does not go on with a space or tab."""
+    texts, rest, out = engine.token_texts, heal, []
+    indent = heal.rsplit("\n", 1)[-1] != "" and not heal.rsplit("\n", 1)[-1].strip()
+
+    def allowed(t: str) -> bool:
+        if t.startswith(rest):
+            return not (indent and t[len(rest):len(rest) + 1] in (" ", "\t"))
+        return bool(t) and rest.startswith(t)
+
+    with torch.no_grad():
+        for _ in range(n):
+            logits = target(torch.tensor([ids + out])).logits[0, -1, :engine.vocab_size]
+            if rest:
+                ok = torch.tensor([allowed(t) for t in texts])
+                logits = logits.masked_fill(~ok, float("-inf"))
+            token = int(logits.argmax())
+            if token in engine.stop_ids:
+                break
+            out.append(token)
+            if rest:
+                rest = "" if texts[token].startswith(rest) else rest[len(texts[token]):]
+    return out
+
+
+def test_prompt_ids_backs_up_over_the_last_token(parts):
+    tok, target, _ = parts
+    engine = make_engine(target, None, tok)
+    ids, heal = prompt_ids(engine, "def add(a, b):\n    ")
+    assert heal == "\n    "  # byte-level BPE merged the newline and the indentation
+    assert ids == engine.encode("def add(a, b):\n    ")[:-1]
+    assert prompt_ids(engine, "x = 1\n") == (engine.encode("x = 1\n"), "")  # at a line start: nothing
+
+    class Remote:  # a backend that cannot constrain its output gets the prompt as it is
+        tokenizer, supports_heal = tok, False
+        encode = engine.encode
+    assert prompt_ids(Remote(), "def add(a, b):\n    ") == (engine.encode("def add(a, b):\n    "), "")
+
+
+@pytest.mark.parametrize("kind", ["target", "embedded", "identical", "random", "ngram"])
+def test_healed_speculative_equals_healed_target_greedy(parts, kind):
+    tok, target, draft = parts
+    draft_model, drafter = {"target": (None, "ngram"), "embedded": (draft, "model"),
+                            "identical": (target, "model"), "random": (random_draft_like(target), "model"),
+                            "ngram": (None, "ngram")}[kind]
+    engine = make_engine(target, draft_model, tok, drafter=drafter)
+    for prompt in PROMPTS:
+        ids, heal = prompt_ids(engine, prompt)
+        assert heal and prompt.endswith(heal)
+        result = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal,
+                                     speculative=kind != "target"), tok, ids)
+        assert result.tokens == healed_reference(target, engine, ids, heal, N_NEW), (kind, prompt)
+        assert result.text.startswith(heal) or heal.startswith(result.text)
+
+
+def test_no_extra_space_after_indentation(parts):
+    """Issue 11: at an indented empty line the tiny pair answered ' # ...' (a 5-space indent once
+    accepted): the prompt's last token was '\\n    ' and the model then began with a space."""
+    tok, target, draft = parts
+    engine = make_engine(target, draft, tok)
+    builder = ContextBuilder(engine.count_tokens, 1024, fim_tokens=engine.fim_tokens)
+    for source in ("def add(a, b):\n    \n", "class Box:\n    def size(self):\n        \n"):
+        offset = len(source) - 1
+        result, text = complete_at(engine, builder, "file:///t.py", source, offset, max_tokens=12)
+        indent = source[source.rfind("\n", 0, offset) + 1:offset]
+        assert result.tokens and not result.text[:1].isspace(), repr(result.text)
+        line = indent + result.text.split("\n")[0]
+        assert len(line) - len(line.lstrip(" ")) == len(indent), repr(line)
