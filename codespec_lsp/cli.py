@@ -37,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="speak LSP (stdio unless --tcp/--ws)")
     _add_model_flags(serve)
-    serve.add_argument("--tcp", action="store_true", help="listen on TCP instead of stdio")
-    serve.add_argument("--ws", action="store_true", help="listen on WebSocket instead of stdio")
+    serve.add_argument("--tcp", action="store_true", help="listen on TCP instead of stdio (one session per connection)")
+    serve.add_argument("--ws", action="store_true", help="listen on WebSocket instead of stdio (one session per connection)")
     serve.add_argument("--host", default="127.0.0.1", help="address for --tcp/--ws (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=2087)
     serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
