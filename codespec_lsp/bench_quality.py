@@ -25,13 +25,15 @@ import difflib
 import json
 import os
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from codespec_lsp.complete import complete_at, prompt_ids, split_line, token_logprobs
+from codespec_lsp import complete, postprocess
+from codespec_lsp.complete import complete_at, split_line
 from codespec_lsp.config import Settings, default_context_tokens
 from codespec_lsp.context import ContextBuilder
-from codespec_lsp.postprocess import decide_mode, finalize, find_loop
+from codespec_lsp.postprocess import find_loop
 
 HELD_OUT = Path(__file__).resolve().parent.parent / "benchmarks" / "heldout"
 FIELDS = ("points", "shown_rate", "exact_line", "edit_similarity", "repetitive_rate",
@@ -82,11 +84,12 @@ def score(point: Point, suggestion: str | None) -> dict:
     real_line = rest.split("\n", 1)[0].rstrip()
     first = suggestion.split("\n", 1)[0].rstrip() if suggestion else ""
     baseline = baseline_text(point.source, point.offset)
+    line_prefix = split_line(point.source, point.offset)[0]
     return {
         "shown": suggestion is not None,
         "exact": suggestion is not None and first == real_line,
         "similarity": difflib.SequenceMatcher(None, first, real_line).ratio() if suggestion else 0.0,
-        "repetitive": suggestion is not None and find_loop(suggestion) is not None,
+        "repetitive": suggestion is not None and find_loop(suggestion, line_prefix) is not None,
         "prefix": len(os.path.commonprefix([suggestion, rest])) if suggestion else 0,
         "baseline": difflib.SequenceMatcher(None, baseline.rstrip(), real_line).ratio(),
     }
@@ -109,6 +112,23 @@ def summarize(scores: list[dict]) -> dict:
     }
 
 
+@contextmanager
+def _finalize_calls():
+    """Record the arguments complete_at passes to postprocess.finalize (whatever it did to the
+    prompt and text before, token healing included), so a sweep re-runs exactly that call."""
+    calls: list[tuple[tuple, dict]] = []
+
+    def recording(*args, **kwargs):
+        calls.append((args, kwargs))
+        return postprocess.finalize(*args, **kwargs)
+    saved = complete.finalize
+    complete.finalize = recording
+    try:
+        yield calls
+    finally:
+        complete.finalize = saved
+
+
 def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, seed: int = 0,
                   min_confidence: float | None = None, sweep: tuple[float, ...] = ()) -> dict:
     """The FIELDS for `points` points; with `sweep`, also the same figures per threshold (under
@@ -124,19 +144,17 @@ def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, se
     scores, swept = [], {t: [] for t in sweep}
     for i, point in enumerate(quality_points(files, points, seed)):
         key = f"{point.path}#{i}"  # a fresh document per point: no prompt cut carried over
-        result, text = complete_at(engine, builder, key, point.source, point.offset,
-                                   max_tokens=settings.max_tokens, min_confidence=min_confidence)
+        with _finalize_calls() as calls:
+            result, text = complete_at(engine, builder, key, point.source, point.offset,
+                                       max_tokens=settings.max_tokens,
+                                       min_confidence=min_confidence)
         scores.append(score(point, text))
-        if sweep:
-            prompt = builder.build(key, point.source, point.offset)
-            line_prefix, line_suffix, prev_line = split_line(point.source, point.offset)
-            mode = decide_mode(line_prefix, line_suffix, prev_line)
-            ids, heal = prompt_ids(engine, prompt.text)
-            spans = token_logprobs(engine.tokenizer, ids, result, heal)
-            for t in sweep:
-                again = finalize(result.text, line_prefix, prompt.suffix, mode, logprobs=spans,
-                                 min_confidence=t)
-                swept[t].append(score(point, again))
+        for t in sweep:
+            # finalize is pure: the same call with another threshold is what that setting shows
+            again = None
+            for args, kwargs in calls[-1:]:
+                again = postprocess.finalize(*args, **{**kwargs, "min_confidence": t})
+            swept[t].append(score(point, again))
     out = summarize(scores)
     if sweep:
         out["sweep"] = {str(t): summarize(s) for t, s in swept.items()}

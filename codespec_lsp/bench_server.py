@@ -8,7 +8,13 @@ inline-completion request per keystroke, cancelling the previous request if it i
   backend ("local", or the remote server's kind with --remote)
 With --clients N (or 1,2,4): N editors at once, each its own language server, one backend:
   {keystrokes_per_client, interval_ms, backend, runs: [{clients, latency_ms_p50, latency_ms_p95,
-  errors, answered, per_client: [the fields above + errors]}]}
+  errors, answered, per_client: [the fields above + errors]}]}; `transport` "stdio". With
+  --clients N --tcp: one `serve --tcp` server and one connection (one session) per editor,
+  `transport` "tcp".
+With --soak: --documents files open at once (default 5), typed in turn with cancels, then:
+  {keystrokes, documents, cancels_sent, answered_with_result, answered_cancelled,
+  answered_with_error, unanswered, documents_equal, rss_mb_samples (every 500 keystrokes),
+  rss_growth_mb, rss_growth_after_warmup_mb, interval_ms, exit_code, error_messages, backend}
 
 - answered/cancelled/superseded/typing_through_hits: the server's own counts (codespec/stats).
 - latency: client side, send → answer, over requests answered before the next keystroke
@@ -20,7 +26,10 @@ With --clients N (or 1,2,4): N editors at once, each its own language server, on
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,6 +45,8 @@ DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus
 CONTEXT_SHARE = 0.4  # each file starts with this much already written; the rest is typed
 LAST_ANSWER_TIMEOUT_S = 120.0
 KEYSTROKES_PER_FILE = 600
+SOAK_SWITCH_EVERY = 40  # keystrokes in one file before the soak moves to the next
+SOAK_RSS_EVERY = 500    # keystrokes between two RSS samples
 
 
 @dataclass
@@ -67,6 +78,15 @@ def _documents(corpus: Path | None) -> list[tuple[str, str]]:
     if not files:
         raise SystemExit(f"codespec-lsp bench server: no .py files under {root}")
     return [(p.resolve().as_uri(), p.read_text(encoding="utf-8", errors="replace")) for p in files]
+
+
+def _typable(sources: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The files that leave something to type after the part given as context."""
+    kept = [(uri, text) for uri, text in sources if _start_doc(uri, text).rest]
+    if not kept:
+        raise SystemExit("codespec-lsp bench server: no file in the corpus has anything to type "
+                         "after its first 40% (add longer .py files)")
+    return kept
 
 
 def _start_doc(uri: str, text: str) -> _Doc:
@@ -112,6 +132,10 @@ class _Client(LanguageClient):
 
         @self.feature(types.WINDOW_LOG_MESSAGE)
         def _log(params: types.LogMessageParams) -> None:
+            return None
+
+        @self.feature("codespec/ready")
+        def _ready(params: Any) -> None:
             return None
 
 
@@ -160,7 +184,9 @@ async def replay(client: _Client, keystrokes: int, interval_s: float,
     # A few files, as in a real session: each file the user works in holds a KV prefix entry,
     # and switching among dozens of files would measure the cache bound, not the server.
     # `first`: where in the corpus this editor starts (editors typing at once type other files).
-    sources = _documents(corpus)
+    # Files with nothing to type are left out: cycling over them alone raised StopIteration
+    # inside this coroutine ("coroutine raised StopIteration").
+    sources = _typable(_documents(corpus))
     sources = sources[first % len(sources):] + sources[:first % len(sources)]
     sources = sources[:max(1, min(len(sources), keystrokes // KEYSTROKES_PER_FILE))]
     per_file = max(1, -(-keystrokes // len(sources)))
@@ -171,7 +197,7 @@ async def replay(client: _Client, keystrokes: int, interval_s: float,
     doc: _Doc | None = None
     typed_in_doc = 0
     k = 0
-    src_iter = iter(sources * (1 + keystrokes // max(per_file, 1)))
+    src_iter = itertools.cycle(sources)
     while k < keystrokes:
         if doc is None or typed_in_doc >= per_file or not doc.rest:
             uri, text = next(src_iter)
@@ -179,8 +205,6 @@ async def replay(client: _Client, keystrokes: int, interval_s: float,
             client.text_document_did_open(types.DidOpenTextDocumentParams(
                 text_document=types.TextDocumentItem(uri=doc.uri, language_id="python",
                                                      version=1, text="\n".join(doc.lines))))
-            if not doc.rest:
-                continue
         await asyncio.sleep(max(0.0, start + k * interval_s - time.perf_counter()))
         if pending is not None and not pending[1].done():
             seen_by_user.discard(pending[0])
@@ -225,13 +249,21 @@ async def run_bench(args: Any, server_command: list[str] | None = None) -> dict:
 
 
 async def _bench_one(args: Any, server_command: list[str] | None = None,
-                     first: int = 0) -> tuple[dict, _Tally]:
-    """One editor: its result JSON, and its tally with the error count filled in."""
+                     first: int = 0, tcp: tuple[int, int] | None = None) -> tuple[dict, _Tally]:
+    """One editor: its result JSON, and its tally with the error count filled in.
+
+    `tcp`: (port, pid) of a `serve --tcp` server to connect to instead of starting one.
+    """
     import psutil
 
     client = _Client()
-    await client.start_io(*(server_command or _server_command(args)))
-    drain = asyncio.ensure_future(_drain(client._server.stderr))
+    if tcp is None:
+        await client.start_io(*(server_command or _server_command(args)))
+        drain = asyncio.ensure_future(_drain(client._server.stderr))
+        pid = client._server.pid
+    else:
+        await client.start_tcp("127.0.0.1", tcp[0])
+        drain, pid = asyncio.ensure_future(asyncio.sleep(0)), tcp[1]
     try:
         caps = types.ClientCapabilities(
             text_document=types.TextDocumentClientCapabilities(
@@ -240,7 +272,7 @@ async def _bench_one(args: Any, server_command: list[str] | None = None,
         await client.initialize_async(types.InitializeParams(capabilities=caps))
         client.initialized(types.InitializedParams())
         await _wait_loaded(client)
-        proc = psutil.Process(client._server.pid)
+        proc = psutil.Process(pid)
         rss_start = proc.memory_info().rss / 2**20
         s0 = await _request(client, "codespec/stats")
         c0 = await _request(client, "codespec/counters")
@@ -256,7 +288,7 @@ async def _bench_one(args: Any, server_command: list[str] | None = None,
         try:
             await asyncio.wait_for(client.stop(), 10)
         except Exception:
-            if client._server is not None and client._server.returncode is None:
+            if tcp is None and client._server is not None and client._server.returncode is None:
                 client._server.kill()
         drain.cancel()
     forwards = c1["target_forwards"] - c0["target_forwards"]
@@ -280,11 +312,19 @@ async def _bench_one(args: Any, server_command: list[str] | None = None,
 async def run_clients(args: Any, counts: list[int],
                       server_command: list[str] | None = None) -> dict:
     """N editors typing at once, each with its own language server, all against one backend
-    (`--remote`: one vLLM, or several behind a load balancer): latency and errors per count."""
+    (`--remote`: one vLLM, or several behind a load balancer): latency and errors per count.
+
+    `--tcp`: one `serve --tcp` server instead, each editor a connection of its own (its own
+    session), all sessions on the server's one engine."""
     runs = []
     for n in counts:
-        done = await asyncio.gather(*(_bench_one(args, server_command, first=i)
-                                      for i in range(n)))
+        if getattr(args, "tcp", False):
+            async with _tcp_server(args, server_command) as tcp:
+                done = await asyncio.gather(*(_bench_one(args, first=i, tcp=tcp)
+                                              for i in range(n)))
+        else:
+            done = await asyncio.gather(*(_bench_one(args, server_command, first=i)
+                                          for i in range(n)))
         pooled = [x for _, tally in done for x in tally.latencies_ms]
         runs.append({
             "clients": n,
@@ -295,7 +335,137 @@ async def run_clients(args: Any, counts: list[int],
             "per_client": [{**r, "errors": tally.errors} for r, tally in done],
         })
     return {"keystrokes_per_client": args.keystrokes, "interval_ms": args.interval_ms,
-            "backend": runs[0]["per_client"][0]["backend"] if runs else None, "runs": runs}
+            "backend": runs[0]["per_client"][0]["backend"] if runs else None,
+            "transport": "tcp" if getattr(args, "tcp", False) else "stdio", "runs": runs}
+
+
+@contextlib.asynccontextmanager
+async def _tcp_server(args: Any, server_command: list[str] | None = None):
+    """A `serve --tcp` server on a free local port: yields (port, pid)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = (server_command or _server_command(args)) + ["--tcp", "--port", str(port)]
+    proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.PIPE)
+    drain = asyncio.ensure_future(_drain(proc.stderr))
+    try:
+        for _ in range(600):
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", port)
+                w.close()
+                break
+            except OSError:
+                if proc.returncode is not None:
+                    raise SystemExit("codespec-lsp bench server: the TCP server exited")
+                await asyncio.sleep(0.1)
+        yield port, proc.pid
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+        drain.cancel()
+
+
+# ------------------------------------------------------------------------------ soak
+
+
+async def soak(client: _Client, keystrokes: int, interval_s: float, corpus: Path | None,
+               documents: int, rss: Any, switch_every: int = SOAK_SWITCH_EVERY) -> dict:
+    """Type into `documents` open files in turn, cancelling each request still pending at the
+    next keystroke; then wait for every answer and compare the server's copy of each file."""
+    sources = _typable(_documents(corpus))
+    docs, refill = [], {}
+    for i, (uri, text) in zip(range(documents), itertools.cycle(sources)):
+        doc = _start_doc(f"{uri}#soak{i}", text)
+        docs.append(doc)
+        refill[doc.uri] = doc.rest
+        client.text_document_did_open(types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(uri=doc.uri, language_id="python", version=1,
+                                                 text="\n".join(doc.lines))))
+    futures: list[asyncio.Future] = []
+    cancels = 0
+    rss_samples = [round(rss(), 1)]
+    start = time.perf_counter()
+    for k in range(keystrokes):
+        doc = docs[(k // switch_every) % len(docs)]
+        if not doc.rest:
+            doc.rest = refill[doc.uri]  # typed to the end: type the same text again
+        await asyncio.sleep(max(0.0, start + k * interval_s - time.perf_counter()))
+        if futures and not futures[-1].done():
+            client.cancel_request(types.CancelParams(id=f"s{k - 1}"))
+            cancels += 1
+        _type_one(client, doc)
+        futures.append(client.protocol.send_request_async(
+            types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionParams(
+                text_document=types.TextDocumentIdentifier(uri=doc.uri),
+                position=types.Position(line=doc.line, character=doc.utf16_col()),
+                context=types.InlineCompletionContext(
+                    trigger_kind=types.InlineCompletionTriggerKind.Automatic)),
+            msg_id=f"s{k}"))
+        if (k + 1) % SOAK_RSS_EVERY == 0:
+            rss_samples.append(round(rss(), 1))
+    done, not_done = await asyncio.wait(futures, timeout=LAST_ANSWER_TIMEOUT_S) if futures \
+        else (set(), set())
+    outcomes = {"ok": 0, "cancelled": 0, "error": 0}
+    for f in done:
+        exc = f.exception() if not f.cancelled() else None
+        kind = "ok" if exc is None and not f.cancelled() else \
+            "cancelled" if getattr(exc, "code", None) == -32800 else "error"
+        outcomes[kind] += 1
+    for f in not_done:
+        f.cancel()
+    equal = 0
+    for doc in docs:
+        got = await client.protocol.send_request_async(
+            "codespec/documentText", {"textDocument": {"uri": doc.uri}})
+        equal += getattr(got, "text", None) == "\n".join(doc.lines)
+    rss_samples.append(round(rss(), 1))
+    return {"keystrokes": keystrokes, "documents": len(docs), "cancels_sent": cancels,
+            "answered_with_result": outcomes["ok"], "answered_cancelled": outcomes["cancelled"],
+            "answered_with_error": outcomes["error"], "unanswered": len(not_done),
+            "documents_equal": equal, "rss_mb_samples": rss_samples,
+            "rss_growth_mb": round(rss_samples[-1] - rss_samples[0], 1),
+            "rss_growth_after_warmup_mb": round(rss_samples[-1] - rss_samples[1], 1)
+            if len(rss_samples) > 2 else None}
+
+
+async def run_soak(args: Any, server_command: list[str] | None = None) -> dict:
+    """`bench server --soak`: the soak above against one server over stdio, then shutdown and
+    exit; the JSON adds the server's exit status."""
+    import psutil
+
+    client = _Client()
+    await client.start_io(*(server_command or _server_command(args)))
+    drain = asyncio.ensure_future(_drain(client._server.stderr))
+    try:
+        caps = types.ClientCapabilities(
+            text_document=types.TextDocumentClientCapabilities(
+                inline_completion=types.InlineCompletionClientCapabilities()),
+            window=types.WindowClientCapabilities(work_done_progress=True))
+        await client.initialize_async(types.InitializeParams(capabilities=caps))
+        client.initialized(types.InitializedParams())
+        st = await _wait_loaded(client)
+        proc = psutil.Process(client._server.pid)
+        result = await soak(client, args.keystrokes, args.interval_ms / 1000,
+                            getattr(args, "corpus", None), getattr(args, "documents", 5),
+                            lambda: proc.memory_info().rss / 2**20)
+        await client.shutdown_async(None)
+        client.exit(None)
+        code = await asyncio.wait_for(client._server.wait(), 30)
+    finally:
+        try:
+            await asyncio.wait_for(client.stop(), 10)
+        except Exception:
+            if client._server is not None and client._server.returncode is None:
+                client._server.kill()
+        drain.cancel()
+    return {**result, "interval_ms": args.interval_ms, "exit_code": code,
+            "error_messages": len(client.errors), "backend": st.get("backend", "local")}
 
 
 def _client_counts(spec: str) -> list[int]:
@@ -306,7 +476,9 @@ def _client_counts(spec: str) -> list[int]:
 
 
 def run_server_bench(args: Any) -> int:
-    if getattr(args, "clients", None):
+    if getattr(args, "soak", False):
+        result = asyncio.run(run_soak(args))
+    elif getattr(args, "clients", None):
         result = asyncio.run(run_clients(args, _client_counts(args.clients)))
     else:
         result = asyncio.run(run_bench(args))

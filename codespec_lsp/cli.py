@@ -7,6 +7,7 @@ so every module stays importable and testable without argparse.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -36,14 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="speak LSP (stdio unless --tcp/--ws)")
     _add_model_flags(serve)
-    serve.add_argument("--tcp", action="store_true", help="listen on TCP instead of stdio")
-    serve.add_argument("--ws", action="store_true", help="listen on WebSocket instead of stdio")
+    serve.add_argument("--tcp", action="store_true", help="listen on TCP instead of stdio (one session per connection)")
+    serve.add_argument("--ws", action="store_true", help="listen on WebSocket instead of stdio (one session per connection)")
     serve.add_argument("--host", default="127.0.0.1", help="address for --tcp/--ws (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=2087)
+    serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="--ws: let browser pages from ORIGIN connect (repeatable; "
+                            "default: none, a handshake with an Origin header gets 403)")
     serve.add_argument("--max-tokens", type=int, default=None)
     serve.add_argument("--debounce-ms", type=int, default=None)
     serve.add_argument("--context-tokens", type=int, default=None, help="prefix token budget")
     serve.add_argument("--log-file", default=None, help="also write the log here")
+    serve.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                       help="debug adds one line per request (default info; setting logLevel)")
     _add_remote_flags(serve)
 
     complete = sub.add_parser("complete", help="complete one position of a file and print the text")
@@ -80,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_remote_flags(bs)
     bs.add_argument("--clients", default=None,
                     help="N editors typing at once (or a sweep: 1,2,4), each its own server")
+    bs.add_argument("--tcp", action="store_true",
+                    help="with --clients: one `serve --tcp` server, one connection per editor")
+    bs.add_argument("--soak", action="store_true",
+                    help="soak: type into --documents open files with cancels; report every "
+                         "answer, the documents' text and the server's RSS over time")
+    bs.add_argument("--documents", type=int, default=5, help="--soak: files open at once")
 
     bq = bench_sub.add_parser("quality", help="score suggestions against held-out code")
     _add_model_flags(bq)
@@ -87,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     bq.add_argument("--points", type=int, default=40)
     bq.add_argument("--json", dest="json_path", default=None, help="write the JSON here")
     bq.add_argument("--min-confidence", type=float, default=None,
-                    help="the confidence gate's threshold (default: the server's)")
+                    help="the confidence gate's threshold, a probability 0..1 (default: the server's)")
     bq.add_argument("--sweep", default=None,
                     help="comma-separated thresholds to score too, from the same generations")
 
@@ -110,12 +122,30 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["serve", *argv]  # `codespec-lsp --preset tiny` is how editors start a server
     args = parser.parse_args(argv)
+    if args.command in ("complete", "bench"):
+        # No editor to show a message to: a bad model flag (`--dtype float64`) stops here,
+        # named (the server instead shows it to the editor and serves on with the default).
+        # Model flags only: a benchmark may ask for more tokens than an editor setting allows.
+        from codespec_lsp.config import MODEL_KEYS, from_cli, normalize
+        _, errors, _ = normalize({k: v for k, v in from_cli(args).items() if k in MODEL_KEYS})
+        if errors:
+            for err in errors:
+                print(f"codespec-lsp {args.command}: invalid setting {err}", file=sys.stderr)
+            return 2
     if args.command in (None, "serve"):
         from codespec_lsp.server import run_server
         return run_server(args)
     if args.command == "complete":
         from codespec_lsp.complete import run_complete
-        return run_complete(args)
+        try:
+            status = run_complete(args)
+            sys.stdout.flush()  # a pipe is block-buffered: the write happens here, not at exit
+            return status
+        except BrokenPipeError:
+            # `codespec-lsp complete ... | head`: the reader left; say nothing more. Python's
+            # advice: point stdout at devnull so the flush at exit does not raise again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
     if args.command == "bench" and args.bench_command == "engine":
         from codespec_lsp.bench import run_engine_bench
         return run_engine_bench(args)

@@ -1,24 +1,39 @@
-"""Settings: one dataclass with defaults, layered from CLI flags, initializationOptions and
+"""Settings: one typed dataclass with defaults, layered from CLI flags, initializationOptions and
 workspace/didChangeConfiguration (later layers win, a layer only sets the keys it names).
 
-Editors send camelCase (`maxTokens`), the CLI snake_case (`max_tokens`); both are accepted.
-An invalid value never stops the server: it is reported (the caller shows the message) and that
-one setting falls back to the layer below, so one typo does not discard the rest.
+The field types are the schema (jedi-language-server's pattern): a cattrs converter structures
+each value into its field's annotated type, and the camelCase key an editor sends (`maxTokens`)
+is derived from the field name, so a new setting is one annotated line here. Only the checks a
+type cannot say (ranges, URL, device names) are written out, next to the field.
+The CLI spells keys snake_case (`max_tokens`); both are accepted.
+An invalid value never stops the server: it is reported (the caller shows the message, naming
+the key as the user wrote it and what is expected) and that one setting falls back to the layer
+below, so one typo does not discard the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Callable, Literal, Mapping
+
+import cattrs
 
 # Settings that change which weights are loaded; any change among them triggers a reload.
 MODEL_KEYS = ("preset", "draft", "target", "device", "dtype", "allow_download", "trust_remote_code",
               "remote", "remote_model", "api_key_env")
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
 # Clients nest our settings under this section name (VS Code: "codespec.maxTokens").
 SECTION = "codespec"
+
+
+def _rule(check: Callable[[Any], Any], expected: str) -> dict:
+    """Field metadata: what a type cannot say. `expected` ends the message on a bad value."""
+    return {"check": check, "expected": expected}
 
 
 @dataclass(frozen=True)
@@ -27,67 +42,93 @@ class Settings:
     preset: str | None = None
     draft: str | None = None
     target: str | None = None
-    device: str = "auto"
-    dtype: str | None = None
+    device: str = field(default="auto", metadata=_rule(
+        lambda v: v in ("auto", "cpu", "mps") or re.fullmatch(r"cuda(:\d+)?", v),
+        "auto, cpu, mps, cuda or cuda:N"))
+    dtype: Literal["float16", "bfloat16", "float32"] | None = None
     allow_download: bool = False
     trust_remote_code: bool = False
-    max_tokens: int = 48
+    max_tokens: int = field(default=48, metadata=_rule(lambda v: 1 <= v <= 1024, "1 to 1024"))
     # Measured with `codespec-lsp bench server` (see README): below the usual gap between
     # keystrokes, so a pause is answered at once, yet long enough to skip bursts of fast typing.
-    debounce_ms: int = 60
+    debounce_ms: int = field(default=60, metadata=_rule(lambda v: 0 <= v <= 5000, "0 to 5000"))
     # Prefix budget in tokens; None sizes it from the model's context window.
-    context_tokens: int | None = None
+    context_tokens: int | None = field(default=None, metadata=_rule(
+        lambda v: 16 <= v <= 1_000_000, "16 to 1000000"))
     # Snippets from other open documents inside the prompt (the n-gram drafter reads them anyway).
     other_documents: bool = False
-    # The confidence gate (postprocess): a suggested line whose mean target log-probability per
-    # token is below this is not shown. None: postprocess.DEFAULT_MIN_CONFIDENCE, measured with
-    # `codespec-lsp bench quality`. Lower shows more (and worse) suggestions.
-    min_confidence: float | None = None
+    # The confidence gate (postprocess): a suggested line whose tokens' geometric-mean target
+    # probability is below this (0..1) is not shown. None: postprocess.DEFAULT_MIN_CONFIDENCE,
+    # measured with `codespec-lsp bench quality`. Lower shows more (and worse) suggestions.
+    min_confidence: float | None = field(default=None, metadata=_rule(
+        lambda v: 0.0 <= v <= 1.0, "a probability from 0 to 1"))
     # An OpenAI-compatible server to complete with instead of the in-process engine (remote/).
-    remote: str | None = None
+    remote: str | None = field(default=None, metadata=_rule(
+        lambda v: re.match(r"https?://[^/\s]+", v), "an http:// or https:// URL"))
     remote_model: str | None = None
-    api_key_env: str | None = None   # the NAME of the variable holding the key, never the key
+    api_key_env: str | None = field(default=None, metadata=_rule(  # the variable's NAME, not the key
+        lambda v: re.fullmatch(r"[A-Za-z_]\w*", v), "an environment variable name"))
+    # The server's log level; "debug" adds one line per request. None: info.
+    log_level: Literal["debug", "info", "warning", "error"] | None = None
 
     def model_key(self) -> tuple:
         return tuple(getattr(self, k) for k in MODEL_KEYS)
 
 
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+_TYPES = typing.get_type_hints(Settings)
 _FIELDS = {f.name: f for f in fields(Settings)}
-_CHECKS: dict[str, tuple[type | tuple[type, ...], Any]] = {
-    "enable": (bool, None),
-    "preset": ((str, type(None)), None),
-    "draft": ((str, type(None)), None),
-    "target": ((str, type(None)), None),
-    "device": (str, lambda v: v == "auto" or v == "cpu" or re.fullmatch(r"cuda(:\d+)?|mps", v)),
-    "dtype": ((str, type(None)), lambda v: v in (None, "float16", "bfloat16", "float32")),
-    "allow_download": (bool, None),
-    "trust_remote_code": (bool, None),
-    "max_tokens": (int, lambda v: 1 <= v <= 1024),
-    "debounce_ms": (int, lambda v: 0 <= v <= 5000),
-    "context_tokens": ((int, type(None)), lambda v: v is None or 16 <= v <= 1_000_000),
-    "other_documents": (bool, None),
-    "min_confidence": ((int, float, type(None)), lambda v: v is None or -20.0 <= v <= 0.0),
-    "remote": ((str, type(None)), lambda v: v is None or re.match(r"https?://[^/\s]+", v)),
-    "remote_model": ((str, type(None)), None),
-    "api_key_env": ((str, type(None)), lambda v: v is None or re.fullmatch(r"[A-Za-z_]\w*", v)),
-}
+# Both spellings of each key: camelCase from editors, snake_case from the CLI and old configs.
+_KEYS = {**{_camel(n): n for n in _FIELDS}, **{n: n for n in _FIELDS}}
 
 
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower().replace("-", "_")
+def _strict(kind: type, accepts: tuple[type, ...]) -> Callable[[Any, type], Any]:
+    """cattrs converts by default ("5" -> 5, 1 -> True): a settings file with `"maxTokens": "5"`
+    or `"enable": 1` is a mistake worth naming, not guessing at."""
+    def structure(value: Any, _: type) -> Any:
+        # bool is an int subclass: `maxTokens: true` must not pass as 1.
+        if isinstance(value, bool) and kind is not bool or not isinstance(value, accepts):
+            raise TypeError(f"expected {kind.__name__}")
+        return kind(value)
+    return structure
 
 
-def _check(name: str, value: Any, shown: str) -> str | None:
-    """`shown`: the key as the user spelled it, so the message names what they wrote."""
-    types_, ok = _CHECKS[name]
-    # bool is an int subclass: `maxTokens: true` must not pass as 1.
-    if isinstance(value, bool) and types_ is int:
-        return f"{shown}: expected an integer, got {value!r}"
-    if not isinstance(value, types_):
-        return f"{shown}: invalid value {value!r}"
-    if ok is not None and not ok(value):
-        return f"{shown}: value out of range: {value!r}"
-    return None
+_converter = cattrs.Converter()
+for _kind, _accepts in ((bool, (bool,)), (int, (int,)), (float, (int, float)), (str, (str,))):
+    _converter.register_structure_hook(_kind, _strict(_kind, _accepts))
+
+
+def _expected(name: str) -> str:
+    if (rule := _FIELDS[name].metadata.get("expected")) is not None:
+        return rule
+    args = [a for a in typing.get_args(_TYPES[name]) if a is not type(None)]
+    literal = [v for a in args if typing.get_origin(a) is Literal for v in typing.get_args(a)]
+    if literal:
+        return ", ".join(map(str, literal))
+    kind = args[0] if args else _TYPES[name]
+    return {bool: "true or false", int: "an integer", float: "a number",
+            str: "a string"}.get(kind, str(kind))
+
+
+def _structure(name: str, value: Any, shown: str) -> tuple[Any, str | None]:
+    """(value in the field's type, None) or (None, the message). `shown`: the key as the user
+    spelled it, so the message names what they wrote."""
+    try:
+        value = _converter.structure(value, _TYPES[name])
+        check = _FIELDS[name].metadata.get("check")
+        if value is None or check is None or check(value):
+            return value, None
+    except Exception:
+        pass
+    return None, f"{shown}: invalid value {value!r} (expected {_expected(name)})"
+
+
+def _nullable(name: str) -> bool:
+    return type(None) in typing.get_args(_TYPES[name])
 
 
 def normalize(raw: Any) -> tuple[dict[str, Any], list[str], list[str]]:
@@ -106,13 +147,14 @@ def normalize(raw: Any) -> tuple[dict[str, Any], list[str], list[str]]:
         raw = raw[SECTION]
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        name = _snake(str(key))
-        if name not in _FIELDS:
+        name = _KEYS.get(str(key))
+        if name is None:
             unknown.append(str(key))
             continue
-        if value is None and name in ("max_tokens", "debounce_ms", "device", "enable"):
+        if value is None and not _nullable(name):
             continue  # null means "not set here": the layer below decides
-        if (err := _check(name, value, str(key))) is not None:
+        value, err = _structure(name, value, str(key))
+        if err is not None:
             errors.append(err)
             continue
         out[name] = value
@@ -127,6 +169,7 @@ def from_cli(args: Any) -> dict[str, Any]:
         "trust_remote_code": "trust_remote_code", "max_tokens": "max_tokens",
         "debounce_ms": "debounce_ms", "context_tokens": "context_tokens",
         "remote": "remote", "remote_model": "remote_model", "api_key_env": "api_key_env",
+        "log_level": "log_level",
     }
     out = {}
     for name, attr in mapping.items():

@@ -2,7 +2,8 @@
 
 Promises: each model name resolves to its config and tokenizer facts without the network (the
 preset `tiny`, a local folder, or a hub id from the shipped catalog); the tokenizers are compared
-(token by token when both are on disk, by recorded facts otherwise); when both models load
+by the loader's own rule, codespec_lsp.pairing (token by token when both are on disk, by recorded
+facts otherwise), so a pair called compatible here is one the loader accepts; when both models load
 locally, acceptance and cost are measured with the engine on the held-out corpus; the numbers
 then go through planner.plan. `plan_pair` is the same check for the server to run at start.
 """
@@ -12,21 +13,15 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from codespec_lsp import planner
+from codespec_lsp import TINY_DIR, pairing, planner
 
 PACKAGE = Path(__file__).resolve().parent
-TINY_DIR = PACKAGE / "models" / "tiny"
 CATALOG_PATH = PACKAGE / "catalog" / "models.json"
-# Code with indentation, tabs, f-strings, unicode and digits: where merges of two vocabularies diverge.
-SAMPLE_TEXTS = (
-    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
-    "import numpy as np\n\nx = np.zeros((3, 4), dtype=np.float32)\n",
-    'class Config:\n    """Settings."""\n\n\tname: str = "r\u00e9sum\u00e9"\n',
-    "for i in range(1024):\n    print(f'{i:>4} \u2211 \u65e5\u672c {i * 3.5e-2}')  # done\n",
-)
+# The tokenizer check is the loader's own rule, so a pair the doctor calls compatible loads.
+TokenizerCheck = pairing.PairCheck
 
 
 class DoctorError(ValueError):
@@ -40,13 +35,6 @@ class ModelRef:
     config: dict
     path: Path | None = None
     entry: dict | None = None      # the catalog entry: family, tokenizer facts, source
-
-
-@dataclass
-class TokenizerCheck:
-    compatible: bool
-    reason: str
-    details: list[str] = field(default_factory=list)
 
 
 @functools.cache
@@ -94,62 +82,10 @@ def tokenizer_facts(ref: ModelRef) -> dict:
             "special_tokens": list(tok.all_special_tokens)}
 
 
-def compare_loaded(tok_d, tok_t) -> TokenizerCheck:
-    """Same ids for the same text, same special ids, and the share of the vocabulary that agrees."""
-    vd, vt = tok_d.get_vocab(), tok_t.get_vocab()
-    agree = sum(1 for tok, i in vd.items() if vt.get(tok) == i)
-    share = agree / max(len(vd), len(vt))
-    differing = sorted((i, tok) for tok, i in vd.items() if vt.get(tok) != i)[:5]
-    samples_equal = all(tok_d.encode(s) == tok_t.encode(s) for s in SAMPLE_TEXTS)
-    specials = [a for a in ("bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id")
-                if getattr(tok_d, a) != getattr(tok_t, a)]
-    details = [f"{share:.2%} of the vocabulary agrees ({agree} of {max(len(vd), len(vt))} tokens)",
-               f"sample texts tokenize {'identically' if samples_equal else 'differently'}"]
-    if differing:
-        details.append("first differing: " + ", ".join(
-            f"{tok!r} {i}->{vt.get(tok, 'absent')}" for i, tok in differing))
-    if specials:
-        details.append("special ids differ: " + ", ".join(
-            f"{a} {getattr(tok_d, a)} vs {getattr(tok_t, a)}" for a in specials))
-    # A few ids may exist on one side only (e.g. infill tokens): harmless, the draft never proposes them.
-    ok = samples_equal and not specials and share >= 0.99
-    reason = "same ids for the same text" if ok else "; ".join(details)
-    return TokenizerCheck(ok, reason, details)
-
-
-def compare_facts(d: dict, t: dict, both_catalog: bool) -> TokenizerCheck:
-    diffs = []
-    if both_catalog and d["family"] != t["family"]:
-        diffs.append(f"family {d['family']} vs {t['family']}")
-    if d.get("class") != t.get("class"):
-        diffs.append(f"tokenizer {d.get('class')} vs {t.get('class')}")
-    if d["vocab_size"] != t["vocab_size"]:
-        diffs.append(f"vocabulary {d['vocab_size']} vs {t['vocab_size']} tokens")
-    if (d["bos_token_id"], d["eos_token_id"]) != (t["bos_token_id"], t["eos_token_id"]):
-        diffs.append(f"bos/eos ids {d['bos_token_id']}/{d['eos_token_id']} vs "
-                     f"{t['bos_token_id']}/{t['eos_token_id']}")
-    same_lineage = both_catalog and d.get("vocab") == t.get("vocab")
-    specials_ok = (d["bos_token_id"], d["eos_token_id"]) == (t["bos_token_id"], t["eos_token_id"])
-    if same_lineage and specials_ok:
-        # One vocabulary extends the other (CodeLlama base adds infill ids): the shared ids agree.
-        small, big = sorted((d["vocab_size"], t["vocab_size"]))
-        details = [f"same vocabulary ({d['vocab']}, family {d['family']})"]
-        if small != big:
-            details.append(f"ids below {small} agree; {big - small} extra ids (infill) on one side only")
-        if d.get("class") != t.get("class"):
-            details.append(f"tokenizer classes differ in name only ({d.get('class')} vs {t.get('class')})")
-        return TokenizerCheck(True, details[0], details)
-    if not diffs and specials_ok:
-        return TokenizerCheck(True, "same class, vocabulary size and special ids (recorded facts only)",
-                              ["only one tokenizer is on disk, so ids were not compared token by token"])
-    return TokenizerCheck(False, ", ".join(diffs) or f"different vocabularies ({d.get('vocab')} vs "
-                          f"{t.get('vocab')})")
-
-
 def check_tokenizers(d: ModelRef, t: ModelRef) -> TokenizerCheck:
     if d.kind == t.kind == "local":
-        return compare_loaded(_load_tokenizer(d.path), _load_tokenizer(t.path))
-    return compare_facts(tokenizer_facts(d), tokenizer_facts(t), d.kind == t.kind == "catalog")
+        return pairing.compare_tokenizers(_load_tokenizer(d.path), _load_tokenizer(t.path))
+    return pairing.compare_facts(tokenizer_facts(d), tokenizer_facts(t), d.kind == t.kind == "catalog")
 
 
 def load_pair_engine(d: ModelRef, t: ModelRef):

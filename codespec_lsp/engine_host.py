@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,15 +91,26 @@ async def _maybe_await(value: Any) -> None:
 
 def _calibrate(engine: Any) -> tuple[int, float, int] | None:
     """One short warm generation at load, on real code at a realistic context length, so the
-    first keystrokes are planned with a measured speed (and the kernels are warm)."""
+    first keystrokes are planned with a measured speed (and the kernels are warm).
+
+    It is also the first forward, so it checks the model: a local engine whose first forward
+    fails or gives NaN/inf log-probabilities (broken weights, float16 overflow) would load as
+    "ready" and answer empty forever, so it raises ModelLoadError instead."""
+    text = Path(__file__).with_name("context.py").read_text(encoding="utf-8")[:5000]
     try:
-        text = Path(__file__).with_name("context.py").read_text(encoding="utf-8")[:5000]
-        run(engine.generate(engine.encode(text), max_new_tokens=1))  # cold prefill, not a keystroke
-        r = run(engine.generate(engine.encode(text + "\n"), max_new_tokens=12))  # a keystroke's cost
-        return len(r.tokens), r.wall_s, r.prefill_tokens
-    except Exception:
-        log.debug("calibration failed", exc_info=True)
-        return None
+        cold = run(engine.generate(engine.encode(text), max_new_tokens=1))  # not a keystroke
+        r = run(engine.generate(engine.encode(text + "\n"), max_new_tokens=12))  # a keystroke
+    except Exception as exc:
+        if getattr(engine, "kind", "local") != "local":
+            # A remote server may be busy or restarting: its health check reports outages.
+            log.debug("calibration failed", exc_info=True)
+            return None
+        raise ModelLoadError(f"the first forward failed: {type(exc).__name__}: {exc}") from exc
+    if not all(math.isfinite(lp) for lp in (*cold.logprobs, *r.logprobs)):
+        raise ModelLoadError(
+            "the target's first forward gave NaN or infinite log-probabilities: its weights "
+            "are broken, or they overflow in this dtype (try --dtype float32 or bfloat16)")
+    return len(r.tokens), r.wall_s, r.prefill_tokens
 
 
 class EngineHost:
@@ -108,8 +120,12 @@ class EngineHost:
     latest when it finishes, so a burst of setting changes loads once.
     """
 
-    def __init__(self, loader: Callable[[Settings], Any] = default_loader) -> None:
+    def __init__(self, loader: Callable[[Settings], Any] = default_loader,
+                 on_ready: Callable[[], Any] | None = None) -> None:
         self._loader = loader
+        # Called (or awaited) each time a load ends "ready", after on_done: the server tells the
+        # client (codespec/ready) so it asks again at the cursor instead of waiting for a key.
+        self.on_ready = on_ready
         self.engine: Any = None
         self.state = "loading"
         self.error: str | None = None
@@ -142,6 +158,11 @@ class EngineHost:
                 outcome = await self._load_one(wanted)
                 self._loaded_key = wanted.model_key()
                 await _maybe_await(on_done(outcome))
+                if outcome.ok and self.on_ready is not None and not self.needs_load(self._wanted):
+                    try:
+                        await _maybe_await(self.on_ready())
+                    except Exception:  # a client gone away must not stop the next load
+                        log.warning("on_ready failed", exc_info=True)
         finally:
             self._running = False
 
@@ -161,7 +182,14 @@ class EngineHost:
         if self.notify is not None and hasattr(engine, "health"):
             loop, notify = asyncio.get_running_loop(), self.notify
             engine.health.set_notify(lambda level, msg: loop.call_soon_threadsafe(notify, level, msg))
-        self.warmup = await _in_daemon_thread(_calibrate, engine)
+        try:
+            self.warmup = await _in_daemon_thread(_calibrate, engine)
+        except ModelLoadError as exc:
+            if callable(close := getattr(engine, "close", None)):
+                close()
+            self.state, self.error = "error", str(exc)
+            log.error("model load failed: %s", exc)
+            return LoadOutcome(False, f"codespec: models not loaded: {exc}")
         self.engine, self.state = engine, "ready"
         budget = settings.context_tokens or default_context_tokens(
             engine.context_window, settings.max_tokens)

@@ -12,6 +12,10 @@ Promises:
 - The debounce and the suggestion length follow the typing rhythm (Rhythm), so generations
   end before the next keystroke or wait for a pause, and the prompt cache is kept warm.
 - Every target forward is accounted exactly once as used (its answer was delivered) or wasted.
+- Every request is counted exactly once by its outcome: requests = answered + cancelled +
+  superseded + not_ready + disabled + errors (once none is in flight).
+- A fault in one request (bad text, an engine error) costs that request an empty answer, never
+  the worker or another document.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
-import threading
 import time
 import weakref
 from collections import deque
@@ -33,6 +36,7 @@ from codespec_lsp.config import Settings, default_context_tokens
 from codespec_lsp.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine_host import EngineHost
+from codespec_lsp.rhythm import Rhythm
 from codespec_lsp.stats import percentile
 from codespec_lsp.complete import complete_at, prefill_at, split_line  # noqa: F401 - split_line re-exported
 
@@ -72,72 +76,6 @@ class Debouncer:
             sleeper.cancel()
             if self._waiters.get(key) is fut:
                 del self._waiters[key]
-
-
-class Rhythm:
-    """Fits the generation to the typing rhythm.
-
-    A generation still running at the next keystroke is cancelled before anyone sees it: pure
-    waste on a shared accelerator. So, from the typical gap between keystrokes and a model of
-    generation time, T(n) = fixed + per_token * n, fitted on recent generations:
-    - if a suggestion of useful length fits in the gap, start after the configured debounce
-      with max tokens cut to what fits (a pause gets its answer as fast as ever);
-    - if not (typing faster than the model), stretch the debounce past the typical gap (1.5x,
-      at most MAX_DEBOUNCE_S), so the model runs at the pauses, with full length;
-      typing-through answers in between.
-    Until generation time is measured the model counts as slow.
-    """
-
-    PAUSE_S = 1.0       # a longer gap is a pause, not part of the rhythm
-    MAX_DEBOUNCE_S = 0.6  # the most the debounce is ever stretched to
-    MIN_TOKENS = 6      # a shorter suggestion is not worth a model call
-    FILL = 0.7          # share of the typical gap a generation may use (the rest is variance)
-    WARM_PREFILL = 64   # generations that prefilled more (a cold file) say nothing of keystrokes
-
-    def __init__(self) -> None:
-        self._last: float | None = None
-        self._gaps: deque = deque(maxlen=8)
-        self._samples: deque = deque(maxlen=16)  # (tokens, wall seconds)
-
-    def keystroke(self, now: float) -> None:
-        if self._last is not None and now - self._last < self.PAUSE_S:
-            self._gaps.append(now - self._last)
-        self._last = now
-
-    def generated(self, wall_s: float, tokens: int, prefill_tokens: int = 0) -> None:
-        """From any generation, cancelled ones included: they ran at the same speed."""
-        if tokens > 0 and prefill_tokens <= self.WARM_PREFILL:
-            self._samples.append((tokens, wall_s))
-
-    def cost(self) -> tuple[float, float] | None:
-        """(fixed seconds, seconds per token): Theil-Sen over the recent generations, since a
-        busy machine throws outliers that would drag a least-squares fit anywhere."""
-        if not self._samples:
-            return None
-        pts = list(self._samples)
-        slopes = [(w2 - w1) / (n2 - n1) for i, (n1, w1) in enumerate(pts)
-                  for n2, w2 in pts[i + 1:] if n2 != n1]
-        per = _median(slopes) if slopes else _median([w / (n + 1) for n, w in pts])
-        per = max(per, 1e-4)
-        return max(_median([w - per * n for n, w in pts]), 0.0), per
-
-    def plan(self, base_s: float, max_tokens: int) -> tuple[float, int]:
-        """(debounce seconds, max new tokens) for the next request."""
-        if len(self._gaps) < 2:
-            return base_s, max_tokens
-        typical = _median(list(self._gaps))
-        if (cost := self.cost()) is not None:
-            fixed, per = cost
-            fits = int((typical * self.FILL - base_s - fixed) / per + 1e-9)
-            if fits >= min(self.MIN_TOKENS, max_tokens):
-                return base_s, min(max_tokens, fits)
-        # Past the typical gap, or the model would start just in time to be cancelled.
-        return max(base_s, min(typical * 1.5, self.MAX_DEBOUNCE_S)), max_tokens
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
 
 
 # ---------------------------------------------------------------- typing-through cache
@@ -210,14 +148,24 @@ def backend_stats(engine: Any) -> dict:
     return out
 
 
+# Outcome status -> the Stats counter it increments (each request exactly one).
+_COUNTER = {"answered": "answered", "repeat": "answered", "typing_through": "answered",
+            "superseded": "superseded", "cancelled": "cancelled", "not_ready": "not_ready",
+            "disabled": "disabled", "error": "errors"}
+_ANSWERS = ("answered", "repeat", "typing_through")
+
 
 @dataclass
 class Stats:
     requests: int = 0
-    answered: int = 0
-    cancelled: int = 0
-    superseded: int = 0
-    typing_through_hits: int = 0
+    answered: int = 0             # got a real answer: the model's, or one from memory
+    cancelled: int = 0            # the client cancelled it ($/cancelRequest)
+    superseded: int = 0           # a newer request for the document overtook it
+    not_ready: int = 0            # no model loaded yet (or the load failed)
+    disabled: int = 0             # `enable` is off
+    errors: int = 0               # the prompt or the engine failed
+    repeats: int = 0              # of answered: the same place asked again, from memory
+    typing_through_hits: int = 0  # of answered: the user typed the start of a suggestion
     cache_reused_tokens: int = 0
     prefill_tokens: int = 0
     proposed: int = 0
@@ -240,6 +188,8 @@ class CompletionRequest:
     source: str                                   # snapshot of the document text
     offset: int                                   # cursor, in code points
     others: Sequence[tuple[str, str]] = ()        # (name, text) of other open documents
+    request_id: Any = None                        # the LSP request id, for the log line
+    position: tuple[int, int] | None = None       # (line, character) as the client sent it
 
 
 @dataclass
@@ -259,27 +209,41 @@ class _Job:
     accounted: bool = False
 
 
+def _clean(text: str) -> str:
+    """Text the tokenizer accepts: a lone surrogate (an editor can send one) becomes "?", one
+    code point for one, so offsets still hold. Checked, not always replaced: encoding is cheap,
+    copying every open document on every keystroke is not."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
 # ---------------------------------------------------------------- scheduler
 
 
 class Scheduler:
     def __init__(self, host: EngineHost, settings: Callable[[], Settings], *,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 executor: concurrent.futures.Executor | None = None) -> None:
+        """`executor`: the engine's one thread; sessions of one TCP/WebSocket server share one
+        (the engine is not thread-safe), a stdio server owns its own."""
         self.host = host
         self.settings = settings
         self.stats = Stats()
         self.cache = CompletionCache()
         self.debouncer = Debouncer(sleep)
         self.rhythm = Rhythm()
-        self._calibrated: Any = None
+        self._calibrated: weakref.ref | None = None
         self._clock = clock
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, "codespec-engine")
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, "codespec-engine")
         self._jobs: dict[str, _Job] = {}
-        self._builder: tuple[tuple, ContextBuilder] | None = None
+        self._builder: tuple | None = None
         self._ids = itertools.count(1)
         self._shown: LRUCache = LRUCache(512)
-        self._lock = threading.Lock()
+        self._errors_logged: set[str] = set()
 
     def close(self) -> None:
         for job in list(self._jobs.values()):
@@ -298,88 +262,135 @@ class Scheduler:
             job.cancel.cancel()
             job.superseded.set()
 
+    def count_cancelled_unstarted(self) -> None:
+        """A request the client cancelled before its handler ran (the protocol layer sees it):
+        counted here, so the outcomes still add up to the requests."""
+        self.stats.requests += 1
+        self.stats.cancelled += 1
+
     async def complete(self, req: CompletionRequest) -> Outcome:
         t0 = self._clock()
         self.stats.requests += 1
         self.rhythm.keystroke(t0)
-        outcome = await self._complete(req)
-        if outcome.status == "superseded":
-            self.stats.superseded += 1
-        else:
-            self.stats.answered += 1
-            if outcome.status in ("answered", "repeat", "typing_through"):
-                # Instant "not loaded yet" answers would flatter the percentiles.
-                self.stats.latencies_ms.append((self._clock() - t0) * 1000)
-        if outcome.text:
-            outcome.id = f"c{next(self._ids)}"
-            self._shown[outcome.id] = len(outcome.text)
-        return outcome
+        try:
+            outcome = await self._complete(req, t0)
+        except asyncio.CancelledError:
+            self._finish(req, Outcome(None, "cancelled"), t0)
+            raise
+        except Exception as exc:  # a bug of ours: one empty answer, and the server goes on
+            self._log_fault(exc)
+            outcome = Outcome(None, "error")
+        return self._finish(req, outcome, t0)
 
-    async def _complete(self, req: CompletionRequest) -> Outcome:
-        t0 = self._clock()
+    async def _complete(self, req: CompletionRequest, t0: float) -> Outcome:
         settings = self.settings()
         if not settings.enable:
             self._supersede(req.key)
             return Outcome(None, "disabled")
         if (hit := self.cache.get(req.key, req.source, req.offset)) is not None:
             self._supersede(req.key)  # the user moved on: older work for this document is moot
-            self.stats.typing_through_hits += 1
             return Outcome(hit[0] or None, hit[1])
         engine = self.host.engine
         if engine is None:
             return Outcome(None, "not_ready")
-        if self._calibrated is None or self._calibrated() is not engine:
-            self._calibrated = weakref.ref(engine)  # weak: a reload must free the old engine
-            if self.host.warmup is not None:
-                self.rhythm.generated(self.host.warmup[1], self.host.warmup[0],
-                                      self.host.warmup[2])
+        self._calibrate(engine)
         self._supersede(req.key)
         job = self._jobs[req.key] = _Job()
         try:
-            base = settings.debounce_ms / 1000
-            delay, max_tokens = self.rhythm.plan(base, settings.max_tokens)
-            loop = asyncio.get_running_loop()
-            if delay > base and hasattr(engine, "prefill"):
-                # Typing faster than the model answers: no generation until a pause, but keep the
-                # KV cache level with the typing (a few tokens a keystroke), so the answer at
-                # the pause prefills almost nothing. Prefill is never waste: the next prompt
-                # reuses it.
-                if not await self.debouncer.wait(req.key, base):
-                    return self._abandon(job, "superseded")
-                warm = loop.run_in_executor(self._executor, self._warm, engine, job, req, settings)
-                await self._until_superseded(job, warm)
-                if job.superseded.is_set():
-                    return self._abandon(job, "superseded")
-                delay = max(0.0, delay - (self._clock() - t0))
-            if not await self.debouncer.wait(req.key, delay):
+            max_tokens = await self._wait_for_turn(job, req, settings, engine, t0)
+            if max_tokens is None:
                 return self._abandon(job, "superseded")
-            if job.superseded.is_set():
-                return self._abandon(job, "superseded")
-            job.future = loop.run_in_executor(self._executor, self._run, engine, job, req,
-                                              settings, max_tokens)
-            job.future.add_done_callback(lambda f: job.abandoned and self._account(job))
-            await self._until_superseded(job, job.future)
-            if not job.future.done():  # a finished answer is delivered even if just overtaken
-                return self._abandon(job, "superseded")
-            result, text = job.future.result()
-            self._account(job)
+            return await self._generate(job, req, settings, engine, max_tokens)
         except asyncio.CancelledError:
             self._abandon(job, "cancelled")
-            self.stats.cancelled += 1
             raise
-        except Exception:
-            # An engine bug must cost one empty answer, not the server.
-            log.exception("generation failed")
-            return Outcome(None, "error")
         finally:
             if self._jobs.get(req.key) is job:
                 del self._jobs[req.key]
+
+    def _calibrate(self, engine: Any) -> None:
+        """The load's warm generation teaches the rhythm once per engine."""
+        if self._calibrated is None or self._calibrated() is not engine:
+            self._calibrated = weakref.ref(engine)  # weak: a reload must free the old engine
+            if self.host.warmup is not None:
+                tokens, wall_s, prefill = self.host.warmup
+                self.rhythm.generated(wall_s, tokens, prefill)
+
+    async def _wait_for_turn(self, job: _Job, req: CompletionRequest, settings: Settings,
+                             engine: Any, t0: float) -> int | None:
+        """Debounce (stretched by the rhythm); the max tokens to generate, or None if a newer
+        request overtook this one meanwhile."""
+        base = settings.debounce_ms / 1000
+        delay, max_tokens = self.rhythm.plan(base, settings.max_tokens)
+        if delay > base:
+            # Typing faster than the model answers: no generation until a pause, but keep the
+            # KV cache level with the typing (a few tokens a keystroke), so the answer at
+            # the pause prefills almost nothing. Prefill is never waste: the next prompt
+            # reuses it.
+            if not await self.debouncer.wait(req.key, base):
+                return None
+            warm = asyncio.get_running_loop().run_in_executor(
+                self._executor, self._warm, engine, job, req, settings)
+            await self._until_superseded(job, warm)
+            delay = max(0.0, delay - (self._clock() - t0))
+        if job.superseded.is_set() or not await self.debouncer.wait(req.key, delay):
+            return None
+        return None if job.superseded.is_set() else max_tokens
+
+    async def _generate(self, job: _Job, req: CompletionRequest, settings: Settings,
+                        engine: Any, max_tokens: int) -> Outcome:
+        job.future = asyncio.get_running_loop().run_in_executor(
+            self._executor, self._run, engine, job, req, settings, max_tokens)
+        # An overtaken generation is accounted (as waste) when it really ends.
+        job.future.add_done_callback(lambda f: job.abandoned and self._account(job))
+        await self._until_superseded(job, job.future)
+        if not job.future.done():  # a finished answer is delivered even if just overtaken
+            return self._abandon(job, "superseded")
+        self._account(job)
+        if (exc := job.future.exception()) is not None:
+            self._log_fault(exc)
+            return Outcome(None, "error")
+        result, text = job.future.result()
         if result is None or result.cancelled:
             return Outcome(None, "superseded", result=result)
         if result.stop_reason == "error":  # e.g. the server is down: ask again next time
             return Outcome(None, "error", result=result)
         self.cache.put(req.key, req.source, req.offset, text or "")
         return Outcome(text, "answered", result=result)
+
+    def _log_fault(self, exc: BaseException) -> None:
+        # An engine bug must cost one empty answer, not the server, nor a traceback a keystroke.
+        what = f"{type(exc).__name__}: {exc}"
+        if what in self._errors_logged:
+            log.debug("generation failed again: %s", what)
+            return
+        if len(self._errors_logged) < 64:
+            self._errors_logged.add(what)
+        log.error("generation failed: %s", what, exc_info=exc)
+
+    def _finish(self, req: CompletionRequest, outcome: Outcome, t0: float) -> Outcome:
+        """All of a request's accounting, in one place, whatever way it ended."""
+        ms = (self._clock() - t0) * 1000
+        s = self.stats
+        counter = _COUNTER[outcome.status]
+        setattr(s, counter, getattr(s, counter) + 1)
+        if outcome.status == "repeat":
+            s.repeats += 1
+        elif outcome.status == "typing_through":
+            s.typing_through_hits += 1
+        if outcome.status in _ANSWERS:
+            # Only real answers: instant "not loaded yet" answers would flatter the percentiles.
+            s.latencies_ms.append(ms)
+        if outcome.text:
+            outcome.id = f"c{next(self._ids)}"
+            self._shown[outcome.id] = len(outcome.text)
+        if log.isEnabledFor(logging.DEBUG):
+            where = (f"{req.position[0]}:{req.position[1]}" if req.position is not None
+                     else f"@{req.offset}")
+            tokens = len(outcome.result.tokens) if outcome.result is not None else 0
+            log.debug("request id=%s %s %s outcome=%s tokens=%d ms=%.1f", req.request_id,
+                      req.key, where, outcome.status, tokens, ms)
+        return outcome
 
     @staticmethod
     async def _until_superseded(job: _Job, fut: asyncio.Future) -> None:
@@ -397,6 +408,7 @@ class Scheduler:
         return Outcome(None, status)
 
     def _account(self, job: _Job) -> None:
+        """The engine's counts of one generation, once, whether its answer was seen or not."""
         if job.accounted or job.future is None or job.future.cancelled():
             return
         job.accounted = True
@@ -418,21 +430,24 @@ class Scheduler:
         s.accepted += result.accepted
         s.generated_tokens += len(result.tokens)
 
-    # Runs on the engine thread: everything that touches the engine or its tokenizer.
+    # Runs on the engine thread: everything that touches the engine or its tokenizer, inside
+    # the future, so whatever raises here (the prompt included) ends as one "error" outcome.
     def _run(self, engine: Any, job: _Job, req: CompletionRequest, settings: Settings,
              max_tokens: int) -> tuple[GenerationResult | None, str | None]:
         if job.cancel.cancelled:
             return None, None  # overtaken while queued: no forward spent
-        return complete_at(engine, self._context_builder(engine, settings), req.key, req.source,
-                           req.offset, max_tokens=max_tokens, cancel=job.cancel, others=req.others,
+        return complete_at(engine, self._context_builder(engine, settings), req.key,
+                           _clean(req.source), req.offset, max_tokens=max_tokens,
+                           cancel=job.cancel, others=[(n, _clean(t)) for n, t in req.others],
                            min_confidence=settings.min_confidence)
 
     def _warm(self, engine: Any, job: _Job, req: CompletionRequest, settings: Settings) -> None:
         if job.cancel.cancelled:
             return
         try:
-            prefill_at(engine, self._context_builder(engine, settings), req.key, req.source,
-                       req.offset, req.others, cancel=job.cancel)
+            prefill_at(engine, self._context_builder(engine, settings), req.key,
+                       _clean(req.source), req.offset,
+                       [(n, _clean(t)) for n, t in req.others], cancel=job.cancel)
         except Exception:
             log.debug("warm prefill failed", exc_info=True)  # only an optimisation
 
@@ -450,9 +465,9 @@ class Scheduler:
 
     # ------------------------------------------------------------ reporting
 
-    def record_feedback(self, kind: str, completion_id: str | None) -> bool:
+    def record_feedback(self, kind: str, completion_id: Any) -> bool:
         """kind: shown | accepted | partial. Only ids this server handed out count."""
-        if completion_id not in self._shown:
+        if not isinstance(completion_id, str) or completion_id not in self._shown:
             return False
         if kind == "shown":
             self.stats.shown += 1
@@ -488,6 +503,10 @@ class Scheduler:
         """Raw counts beyond the stats contract, for the server benchmark and debugging."""
         s = self.stats
         return {
+            "not_ready": s.not_ready,
+            "disabled": s.disabled,
+            "errors": s.errors,
+            "repeats": s.repeats,
             "target_forwards": s.target_forwards,
             "wasted_target_forwards": s.wasted_target_forwards,
             "wasted_forward_share":

@@ -10,28 +10,32 @@ Promises:
   server keeps serving.
 - Bad input gets a clear error or an empty answer: unknown document → InvalidParams; position
   past the end → empty; malformed params → InvalidParams (pygls alone would drop the request
-  and leave the client waiting); a non-JSON message → a JSON-RPC parse error.
+  and leave the client waiting); a non-JSON message → a JSON-RPC parse error. Framing,
+  parsing and the lifecycle are lsp_protocol.py's; the document model is documents.py's; one
+  session per connection is transport.py's.
+- Errors outside requests are logged, and shown at most once per kind.
+- `codespec/ready` is sent when the models are loaded (and at `initialized` when they already
+  are); `codespec/documentText` answers the server's copy of a document.
 - Handlers are async and never touch tensors; engine work happens in scheduler.py's worker.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import concurrent.futures
+import inspect
 import logging
 import sys
 import uuid
 from typing import Any
 
-import attrs
-import cattrs
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.exceptions import FeatureRequestError, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 
-from codespec_lsp import config
+from codespec_lsp import config, documents, transport
+from codespec_lsp.lsp_protocol import HardenedProtocol
 from codespec_lsp.engine_host import EngineHost, LoadOutcome, default_loader
 from codespec_lsp.scheduler import CompletionRequest, Scheduler
 
@@ -42,18 +46,10 @@ COUNTERS = "codespec/counters"
 DID_SHOW = "codespec/didShowCompletion"
 DID_PARTIALLY_ACCEPT = "codespec/didPartiallyAcceptCompletion"
 ACCEPT_COMMAND = "codespec.didAcceptCompletion"
+DOCUMENT_TEXT = "codespec/documentText"  # the server's copy of a document (tests compare it)
+READY = "codespec/ready"  # sent when the models are loaded: clients ask again then
 MAX_OTHER_DOCUMENTS = 8
 COMPLETION_TRIGGERS = [".", "(", "[", ",", "="]
-
-
-@attrs.define
-class _Malformed:
-    """A request whose params did not match the LSP types; answered with InvalidParams."""
-
-    id: Any
-    method: str
-    detail: str
-    jsonrpc: str = "2.0"
 
 
 def _version() -> str:
@@ -64,32 +60,7 @@ def _version() -> str:
         return "0"
 
 
-class CodespecProtocol(LanguageServerProtocol):
-    def structure_message(self, data: dict[str, Any]):
-        if isinstance(data, dict) and "jsonrpc" in data and "method" in data:
-            # JSON-RPC lets a request omit params (vscode-jsonrpc does for `codespec/stats`).
-            data.setdefault("params", None)
-        try:
-            return super().structure_message(data)
-        except JsonRpcException as exc:
-            if isinstance(data, dict) and "id" in data and "method" in data:
-                cause = exc.__cause__
-                if isinstance(cause, cattrs.ClassValidationError):
-                    detail = "; ".join(cattrs.transform_error(cause, path="params"))
-                else:
-                    detail = str(cause or exc)
-                return _Malformed(data["id"], str(data["method"]), detail)
-            raise
-
-    def handle_message(self, message):
-        if isinstance(message, _Malformed):
-            log.warning("invalid params for %s: %s", message.method, message.detail)
-            self._send_response(message.id, error=types.ResponseError(
-                code=types.ErrorCodes.InvalidParams,
-                message=f"invalid params for {message.method}: {message.detail}"))
-            return
-        super().handle_message(message)
-
+class CodespecProtocol(HardenedProtocol):
     @lsp_method(types.INITIALIZE)
     def lsp_initialize(self, params: types.InitializeParams):
         result = yield from super().lsp_initialize(params)
@@ -99,35 +70,79 @@ class CodespecProtocol(LanguageServerProtocol):
             result.capabilities.completion_provider = None
         return result
 
+    def _handle_cancel_notification(self, msg_id: Any) -> None:
+        # A completion cancelled before its handler ran (request and cancel read together, as
+        # editors send them while typing) never reaches the scheduler: count it there, so every
+        # completion request is counted once.
+        task = self._request_futures.get(msg_id)
+        unstarted = (isinstance(task, asyncio.Task) and task.get_name() == _COMPLETION_TASK
+                     and inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED)
+        super()._handle_cancel_notification(msg_id)  # pops the task and cancels it
+        if unstarted and msg_id not in self._request_futures:
+            self._server.scheduler.count_cancelled_unstarted()
+
+    def _handle_request(self, msg_id: Any, method_name: str, params: Any) -> None:
+        super()._handle_request(msg_id, method_name, params)
+        if method_name in (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.TEXT_DOCUMENT_COMPLETION):
+            if isinstance(task := self._request_futures.get(msg_id), asyncio.Task):
+                task.set_name(_COMPLETION_TASK)
+
+
+_COMPLETION_TASK = "codespec-completion"
+
 
 def _client_has_inline(caps: types.ClientCapabilities) -> bool:
     return bool(caps.text_document and caps.text_document.inline_completion is not None)
 
 
 class CodespecServer(LanguageServer):
-    def __init__(self, loader=default_loader) -> None:
+    protocol: CodespecProtocol
+
+    def __init__(self, loader=default_loader, host: EngineHost | None = None,
+                 worker: concurrent.futures.Executor | None = None) -> None:
         super().__init__("codespec-lsp", _version(), protocol_cls=CodespecProtocol)
         self.layers = config.SettingsLayers()
         self.settings = self.layers.effective()
-        self.host = EngineHost(loader)
-        self.host.notify = lambda level, message: self.show(
+        # A TCP/WebSocket server hands one host (the loaded models) from session to session;
+        # its messages go to the session now connected.
+        self.host = host or EngineHost(loader)
+        self._notify = lambda level, message: self.show(
             types.MessageType.Error if level == "error" else types.MessageType.Info, message)
-        self.scheduler = Scheduler(self.host, lambda: self.settings)
+        self.host.notify = self._notify
+        # Sessions of one TCP/WebSocket server take turns on the engine's one thread (`worker`):
+        # the in-process engine (its KV caches) is not safe to use from two threads at once.
+        self.scheduler = Scheduler(self.host, lambda: self.settings, executor=worker)
         self._pending_messages: list[tuple[types.MessageType, str]] = []
         self._tasks: set[asyncio.Task] = set()
+        self._errors_shown: set[str] = set()
 
     # -------------------------------------------------------- plumbing used by handlers
 
     def report_server_error(self, error: Exception, source) -> None:
-        if isinstance(error, json.JSONDecodeError) or isinstance(
-                error.__cause__, json.JSONDecodeError):
-            # JSON-RPC: an unparseable message is answered with a parse error and id null.
-            log.warning("message is not JSON: %s", error)
-            # Sent as a plain dict: lsprotocol's converter would drop the null id.
-            self.protocol._send_data({"jsonrpc": "2.0", "id": None, "error": {
-                "code": int(types.ErrorCodes.ParseError), "message": f"parse error: {error}"}})
+        """Errors outside a request: logged; shown to the user once per kind, not per message.
+
+        pygls shows every one (a dialog per malformed notification: one per keystroke).
+        Request errors are already in their responses.
+        """
+        log.warning("%s: %s", getattr(source, "__name__", source), error)
+        if source is FeatureRequestError:
             return
-        super().report_server_error(error, source)
+        kind = f"{getattr(source, '__name__', source)}:{type(error).__name__}"
+        if kind in self._errors_shown:
+            return
+        self._errors_shown.add(kind)
+        self.window_show_message(types.ShowMessageParams(
+            type=types.MessageType.Error,
+            message=f"codespec: {error} (further errors of this kind are only logged)"))
+
+    async def end_session(self) -> None:
+        """The client is gone: cancel engine work and wait until the engine thread is idle."""
+        if self.host.notify is self._notify:
+            self.host.notify = None
+        self.scheduler.close()
+        executor = getattr(self.scheduler, "_executor", None)
+        if executor is not None:
+            await asyncio.to_thread(executor.shutdown, True)
 
     def show(self, kind: types.MessageType, message: str) -> None:
         (log.error if kind == types.MessageType.Error else log.warning
@@ -151,6 +166,7 @@ class CodespecServer(LanguageServer):
         if unknown:
             log.info("ignoring unknown %s settings: %s", origin, ", ".join(unknown))
         self.settings = self.layers.effective()
+        _apply_log_level(self.settings)
         if self.host.needs_load(self.settings):
             self.spawn(self.load_models())
 
@@ -178,6 +194,7 @@ class CodespecServer(LanguageServer):
                     message="ready" if outcome.ok else "failed"))
             if outcome.ok:
                 self.log_message(types.MessageType.Info, outcome.message)
+                self.notify_ready()
             else:
                 self.show(types.MessageType.Error, outcome.message)
             if outcome.warning:
@@ -185,21 +202,42 @@ class CodespecServer(LanguageServer):
 
         await self.host.load(self.settings, on_start, on_done)
 
-    def request_for(self, uri: str, position: types.Position) -> CompletionRequest | None:
-        """The plain request for a position; None when the position is past the end."""
+    def notify_ready(self) -> None:
+        """Tell the client the models are loaded: requests answered empty before can be asked
+        again (Neovim asks once per cursor position, not again on its own)."""
+        engine = self.host.engine
+        self.protocol.notify(READY, {
+            "state": self.host.state,
+            "target": getattr(engine, "target_name", None),
+            "draft": getattr(engine, "draft_name", None)})
+
+    def document(self, uri: str) -> documents.Document:
         docs = self.workspace.text_documents
         doc = docs.get(uri) or docs.get(_unquote(uri))
         if doc is None:
             raise JsonRpcInvalidParams(
                 f"unknown document {uri!r}: send textDocument/didOpen before asking for "
                 f"completions")
-        offset = _offset(doc, position)
+        return doc
+
+    def request_for(self, uri: str, position: types.Position) -> CompletionRequest | None:
+        """The plain request for a position; None when the position is past the end."""
+        doc = self.document(uri)
+        # Checked here rather than left to pygls, which clamps out-of-range characters.
+        offset = doc.offset_at(position, strict=True)
         if offset is None:
             log.info("position %s:%s is past the end of %s", position.line,
                      position.character, uri)
             return None
-        others = [(_name(u), d.source) for u, d in docs.items() if d is not doc]
-        return CompletionRequest(uri, doc.source, offset, others[:MAX_OTHER_DOCUMENTS])
+        # Text bound for the tokenizer: a lone surrogate in one document must not break
+        # completions everywhere (`clean` keeps offsets).
+        docs = self.workspace.text_documents
+        others = [(_name(u), documents.clean(d.source)) for u, d in docs.items() if d is not doc]
+        # The request id and position as the client sent them: the scheduler's debug line
+        # per request names them, so a client's log can be matched line for line.
+        return CompletionRequest(uri, documents.clean(doc.source), offset,
+                                 others[:MAX_OTHER_DOCUMENTS], request_id=self.protocol.msg_id,
+                                 position=(position.line, position.character))
 
 
 def _unquote(uri: str) -> str:
@@ -216,26 +254,6 @@ def _supports_progress(ls: LanguageServer) -> bool:
     return bool(caps and caps.window and caps.window.work_done_progress)
 
 
-def _offset(doc, position: types.Position) -> int | None:
-    """Code-point offset of a client position, or None when it lies past the end.
-
-    Checked here rather than left to pygls, which clamps out-of-range characters to one short
-    of the line end (and mutates the request's position while doing so).
-    """
-    if position.line < 0 or position.character < 0:
-        return None
-    lines = doc.lines
-    if position.line >= len(lines):
-        # The empty line after a final newline, or an empty document, is a real place.
-        at_end = position.line == len(lines) and position.character == 0
-        return len(doc.source) if at_end and (not lines or lines[-1].endswith("\n")) else None
-    line = lines[position.line].rstrip("\r\n")
-    if position.character > doc.position_codec.client_num_units(line):
-        return None
-    pos = doc.position_codec.position_from_client_units(lines, position)
-    return sum(len(x) for x in lines[:position.line]) + pos.character
-
-
 def _word_before(line_prefix: str) -> str:
     i = len(line_prefix)
     while i > 0 and (line_prefix[i - 1].isalnum() or line_prefix[i - 1] == "_"):
@@ -243,27 +261,38 @@ def _word_before(line_prefix: str) -> str:
     return line_prefix[i:]
 
 
-def build_server(args: Any = None, loader=default_loader) -> CodespecServer:
-    server = CodespecServer(loader)
+def build_server(args: Any = None, loader=default_loader, host: EngineHost | None = None,
+                 worker: concurrent.futures.Executor | None = None) -> CodespecServer:
+    server = CodespecServer(loader, host, worker)
     cli_values, cli_errors, _ = config.normalize(config.from_cli(args) if args else {})
     server.layers.cli = cli_values
     server.settings = server.layers.effective()
-    for err in cli_errors:
-        log.error("invalid command-line setting, using the default: %s", err)
+    _apply_log_level(server.settings)
+    # Shown once the client can see messages (at `initialized`), not only logged.
+    cli_messages = [(types.MessageType.Error,
+                     f"codespec: invalid command-line setting, using the default: {err}")
+                    for err in cli_errors]
+    for _, msg in cli_messages:
+        log.error("%s", msg)
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: CodespecServer, params: types.InitializeParams) -> None:
         errors, unknown = ls.layers.set_init(params.initialization_options)
         ls.settings = ls.layers.effective()
-        ls._pending_messages = [(types.MessageType.Error, e) for e in errors]
+        _apply_log_level(ls.settings)
+        ls._pending_messages = cli_messages + [
+            (types.MessageType.Error, f"codespec: ignoring invalid initializationOptions "
+                                      f"setting: {e}") for e in errors]
         if unknown:
             log.info("ignoring unknown initializationOptions: %s", ", ".join(unknown))
 
     @server.feature(types.INITIALIZED)
     async def initialized(ls: CodespecServer, params: types.InitializedParams) -> None:
         for kind, msg in ls._pending_messages:
-            ls.show(kind, f"codespec: ignoring invalid initializationOptions setting: {msg}")
+            ls.show(kind, msg)
         ls._pending_messages = []
+        if ls.host.state == "ready" and not ls.host.needs_load(ls.settings):
+            ls.notify_ready()  # a later TCP/WebSocket session on models already loaded
         ls.spawn(ls.load_models())
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
@@ -335,7 +364,20 @@ def build_server(args: Any = None, loader=default_loader) -> CodespecServer:
 
     @server.command(ACCEPT_COMMAND)
     def did_accept(ls: CodespecServer, *args: Any) -> None:
-        ls.scheduler.record_feedback("accepted", args[0] if args else None)
+        cid = args[0] if args and isinstance(args[0], str) else \
+            _completion_id(args[0]) if args else None
+        if cid is None:
+            raise JsonRpcInvalidParams(
+                f"{ACCEPT_COMMAND} takes the completion's id (a string), got {args!r:.80}")
+        ls.scheduler.record_feedback("accepted", cid)
+
+    @server.feature(DOCUMENT_TEXT)
+    def document_text(ls: CodespecServer, params: Any) -> dict:
+        uri = _get(_get(params, "textDocument"), "uri")
+        if not isinstance(uri, str):
+            raise JsonRpcInvalidParams(f"{DOCUMENT_TEXT} takes {{textDocument: {{uri}}}}")
+        doc = ls.document(uri)
+        return {"uri": uri, "version": doc.version, "text": doc.source}
 
     @server.feature(DID_SHOW)
     def did_show(ls: CodespecServer, params: Any) -> None:
@@ -360,18 +402,24 @@ def build_server(args: Any = None, loader=default_loader) -> CodespecServer:
     return server
 
 
+def _get(obj: Any, key: str) -> Any:
+    """pygls hands custom methods their params as namedtuples, other callers as dicts."""
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
 def _completion_id(params: Any) -> str | None:
-    """Accepts {"id": ...} or Copilot's {"item": <the item we sent>} shape.
-
-    pygls hands custom methods their params as namedtuples, other callers as dicts.
-    """
-    def get(obj: Any, key: str) -> Any:
-        return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
-
-    if isinstance(cid := get(params, "id"), str):
+    """Accepts {"id": ...} or Copilot's {"item": <the item we sent>} shape."""
+    if isinstance(cid := _get(params, "id"), str):
         return cid
-    args = get(get(get(params, "item"), "command"), "arguments")
-    return args[0] if isinstance(args, (list, tuple)) and args else None
+    args = _get(_get(_get(params, "item"), "command"), "arguments")
+    return args[0] if isinstance(args, (list, tuple)) and args and \
+        isinstance(args[0], str) else None
+
+
+def _apply_log_level(settings: config.Settings) -> None:
+    """`logLevel` / `--log-level`: "debug" adds one line per request (scheduler)."""
+    if settings.log_level:
+        logging.getLogger("codespec_lsp").setLevel(settings.log_level.upper())
 
 
 def _setup_logging(log_file: str | None) -> None:
@@ -385,13 +433,22 @@ def _setup_logging(log_file: str | None) -> None:
 
 
 def run_server(args: Any, loader=default_loader) -> int:
-    """Serve on stdio, or on --tcp/--ws at --host (127.0.0.1 unless told otherwise)."""
+    """Serve on stdio, or on --tcp/--ws at --host (127.0.0.1 unless told otherwise).
+
+    Returns the exit status: on stdio 0 after shutdown + exit, 1 without shutdown (LSP).
+    """
     _setup_logging(getattr(args, "log_file", None))
-    server = build_server(args, loader)
+    if not (getattr(args, "tcp", False) or getattr(args, "ws", False)):
+        return transport.serve_stdio(build_server(args, loader))
+    # One connection, one session (its own workspace, settings and scheduler); the models are
+    # loaded once and the engine's one thread is shared, so sessions take turns on it.
+    host = EngineHost(loader)
+    worker = transport.SharedWorker("codespec-engine")
+
+    def make_session() -> CodespecServer:
+        return build_server(args, loader, host, worker)
+
     if getattr(args, "tcp", False):
-        server.start_tcp(args.host, args.port)
-    elif getattr(args, "ws", False):
-        server.start_ws(args.host, args.port)
-    else:
-        server.start_io()
-    return 0
+        return transport.serve_tcp(make_session, args.host, args.port)
+    return transport.serve_ws(make_session, args.host, args.port,
+                              getattr(args, "allow_origin", None) or ())

@@ -26,6 +26,8 @@ _PIECE = re.compile(r"\w+|\s|[^\w\s]")
 def default_script(prompt: str) -> str:
     """Predictable code-like continuations keyed on the end of the prompt."""
     line = prompt.rsplit("\n", 1)[-1]
+    if line.endswith("long = "):  # one line far longer than any max tokens: cancel tests
+        return " + ".join(f"v{i}" for i in range(300)) + "\n"
     if line.rstrip().endswith(":"):
         indent = len(line) - len(line.lstrip()) + 4
         return f"\n{' ' * indent}return value + 1\n\ndef other():\n    pass\n"
@@ -45,6 +47,10 @@ class FakeTokenizer:
         self.index: dict[str, int] = {}
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # as HF's Rust tokenizers do on a lone surrogate
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, ...]") from exc
         ids = []
         for piece in _PIECE.findall(text):
             if piece not in self.index:
@@ -68,8 +74,9 @@ class FakeEngine:
     def __init__(self, script: Callable[[str], str] = default_script, *,
                  tokens_per_forward: int = 3, forward_s: float = 0.0,
                  gate: threading.Event | None = None, context_window: int = 2048,
-                 fim_tokens: tuple[str, str, str] | None = None) -> None:
+                 fim_tokens: tuple[str, str, str] | None = None, logprob: float = 0.0) -> None:
         self.script = script
+        self.logprob = logprob  # of every token; NaN plays a model with broken weights
         self.tokens_per_forward = tokens_per_forward
         self.forward_s = forward_s
         self.gate = gate
@@ -139,7 +146,7 @@ class FakeEngine:
                 res.accepted += len(step) - 1
                 for tok in step:
                     res.tokens.append(tok)
-                    res.logprobs.append(0.0)
+                    res.logprobs.append(self.logprob)
                     yield tok
         finally:
             res.wall_s = time.perf_counter() - t0
@@ -163,6 +170,8 @@ def main() -> int:
         if settings.target == "broken":
             from codespec_lsp.engine.api import ModelLoadError
             raise ModelLoadError("fake: the target folder 'broken' has no weights")
+        if settings.target == "nan":  # loads, but every forward gives NaN (broken weights)
+            return FakeEngine(forward_s=forward_s, logprob=float("nan"))
         return FakeEngine(forward_s=forward_s)
 
     return run_server(args, loader=loader)

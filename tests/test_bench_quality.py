@@ -83,6 +83,15 @@ def test_the_held_out_set_is_not_training_data():
     assert not [f for f in trained if f.read_text(encoding="utf-8", errors="replace") in held_out]
 
 
+def test_the_held_out_set_is_apart_from_the_benchmark_corpus():
+    # benchmarks/corpus is where the confidence threshold is measured (bench quality --sweep)
+    corpus = {f.read_text(encoding="utf-8") for f in (ROOT / "benchmarks" / "corpus").glob("*.py")}
+    assert corpus
+    assert not {f.name for f in HELD_OUT.glob("*.py")} & {
+        f.name for f in (ROOT / "benchmarks" / "corpus").glob("*.py")}
+    assert not [f for f in HELD_OUT.glob("*.py") if f.read_text(encoding="utf-8") in corpus]
+
+
 @pytest.mark.slow
 def test_bench_quality_command_on_the_embedded_pair(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus"
@@ -99,3 +108,21 @@ def test_bench_quality_command_on_the_embedded_pair(tmp_path, monkeypatch):
                 "baseline_prev_line_similarity"):
         assert 0.0 <= got[key] <= 1.0
     assert got["prefix_match_chars"] >= 0
+
+
+@pytest.mark.slow
+def test_a_sweep_rescores_the_same_generations(tmp_path, monkeypatch):
+    from codespec_lsp.bench_quality import quality_bench
+    from codespec_lsp.engine import load_engine
+    from codespec_lsp.postprocess import DEFAULT_MIN_CONFIDENCE
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (tmp_path / "a.py").write_text(SOURCE)
+    engine = load_engine(preset="tiny", device="cpu")
+    sweep = (0.0, DEFAULT_MIN_CONFIDENCE, 0.999)
+    got = quality_bench(engine, corpus=tmp_path, points=6, sweep=sweep)
+    by = {t: got["sweep"][str(t)] for t in sweep}
+    # the default threshold, re-applied, gives what complete_at itself showed
+    assert by[DEFAULT_MIN_CONFIDENCE] == {k: got[k] for k in FIELDS}
+    assert all(s["points"] == 6 for s in by.values())
+    assert by[0.0]["shown_rate"] >= by[DEFAULT_MIN_CONFIDENCE]["shown_rate"] >= by[0.999]["shown_rate"]

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from codespec_lsp import doctor
+from codespec_lsp import TINY_DIR, doctor
 from codespec_lsp.cli import main
 from codespec_lsp.planner import DEFAULT_ACCEPTANCE, JSON_FIELDS, RUNTIME_OVERHEAD_BYTES
 
@@ -81,10 +81,18 @@ def test_fixed_k_is_reported_and_best_k_still_named():
     assert "K=4 gives" in p["advice"]
 
 
-def test_codellama_base_extends_the_python_vocabulary():
+def test_codellama_base_and_python_do_not_pair():
+    """CodeLlama base adds 16 infill ids to the Python vocabulary: the target's <PRE>/<SUF>/<MID>
+    ids would reach a draft with no embedding for them, so the loader refuses the pair, and the
+    doctor says the same."""
     check = doctor.check_tokenizers(doctor.resolve("codellama/CodeLlama-7b-Python-hf", "draft"),
                                     doctor.resolve("codellama/CodeLlama-13b-hf", "target"))
-    assert check.compatible and any("16 extra ids" in d for d in check.details)
+    assert not check.compatible and "vocabulary sizes differ (32000 vs 32016)" in check.reason
+    same = doctor.check_tokenizers(doctor.resolve("codellama/CodeLlama-7b-hf", "draft"),
+                                   doctor.resolve("codellama/CodeLlama-13b-hf", "target"))
+    assert same.compatible and "32016 ids" in same.reason
+    gptq = doctor.check_tokenizers(doctor.resolve(CL7, "draft"), doctor.resolve(CL13, "target"))
+    assert gptq.compatible  # CodeLlamaTokenizer vs LlamaTokenizer: same vocabulary, name only
 
 
 def test_cli_json_prints_exactly_the_fields(capsys):
@@ -110,7 +118,7 @@ def test_cli_text_report_and_bad_input(capsys):
 @pytest.fixture
 def tokenizer_folders(tmp_path):
     """Two copies of the tiny tokenizer; in the second, the ids of 'a' and 'e' are swapped."""
-    src = doctor.TINY_DIR / "draft"
+    src = TINY_DIR / "draft"
     folders = []
     for name in ("same", "swapped"):
         d = tmp_path / name
@@ -127,7 +135,7 @@ def tokenizer_folders(tmp_path):
 
 def test_local_tokenizers_compared_token_by_token(tokenizer_folders):
     (same, swapped), first_id = tokenizer_folders
-    draft = doctor.resolve(str(doctor.TINY_DIR / "draft"), "draft")
+    draft = doctor.resolve(str(TINY_DIR / "draft"), "draft")
     ok = doctor.check_tokenizers(draft, doctor.resolve(str(same), "target"))
     assert ok.compatible and "100.00%" in ok.details[0]
     bad = doctor.check_tokenizers(draft, doctor.resolve(str(swapped), "target"))
@@ -137,8 +145,54 @@ def test_local_tokenizers_compared_token_by_token(tokenizer_folders):
     assert re.search(rf"first differing: '[ae]' {first_id}->", bad.reason)
 
 
+def _tokenizer_copy(folder, swap=()):
+    """The tiny draft's tokenizer files in `folder`, with the ids of the tokens in `swap` exchanged."""
+    folder.mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY_DIR / "draft" / f, folder / f)
+    if swap:
+        tj = json.loads((folder / "tokenizer.json").read_text())
+        vocab, (a, b) = tj["model"]["vocab"], swap
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+        (folder / "tokenizer.json").write_text(json.dumps(tj))
+    return folder
+
+
+def test_doctor_and_loader_apply_one_rule(tmp_path):
+    """Bug 7: two rare tokens swapped (99.95 % of the vocabulary agrees, every sample text still
+    tokenizes the same) passed the doctor's 99 % threshold and was then refused by the loader.
+    Now both apply codespec_lsp.pairing: the doctor reports what the loader refuses, same reason."""
+    from codespec_lsp.engine import TokenizerMismatchError, load_engine
+    from codespec_lsp.pairing import SAMPLE_TEXTS
+
+    tok = doctor._load_tokenizer(TINY_DIR / "draft")
+    used = {i for text in SAMPLE_TEXTS for i in tok.encode(text, add_special_tokens=False)}
+    specials = set(tok.all_special_ids)
+    rare = [t for t, i in sorted(tok.get_vocab().items(), key=lambda kv: -kv[1])
+            if i not in used and i not in specials][:2]
+    folder = _tokenizer_copy(tmp_path / "rare-swapped", swap=rare)
+
+    check = doctor.check_tokenizers(doctor.resolve("tiny", "draft"), doctor.resolve(str(folder), "target"))
+    assert not check.compatible
+    assert "99.95% of the vocabulary agrees (4094 of 4096 tokens)" in check.reason
+    assert "sample texts tokenize identically" in check.details  # the samples alone miss it
+    p = doctor.plan_pair("tiny", str(folder), 24 * GiB, 1024)
+    assert p["tokenizer_compatible"] is False and check.reason in p["verdict"]
+
+    # The loader (draft = the swapped copy, target = the tiny target) refuses with the same reason.
+    swapped_draft = _tokenizer_copy(tmp_path / "draft", swap=rare)
+    back = doctor.check_tokenizers(doctor.resolve(str(swapped_draft), "draft"), doctor.resolve("tiny", "target"))
+    with pytest.raises(TokenizerMismatchError) as err:
+        load_engine(preset="tiny", draft=str(swapped_draft), device="cpu")
+    assert back.reason in str(err.value) and "same family" in str(err.value)
+
+    # And an identical copy passes both.
+    same = _tokenizer_copy(tmp_path / "same")
+    assert doctor.check_tokenizers(doctor.resolve(str(same), "draft"), doctor.resolve("tiny", "target")).compatible
+
+
 def test_local_quantize_config_is_folded_in(tmp_path):
-    shutil.copy(doctor.TINY_DIR / "target" / "config.json", tmp_path / "config.json")
+    shutil.copy(TINY_DIR / "target" / "config.json", tmp_path / "config.json")
     (tmp_path / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128, "desc_act": False}))
     cfg = doctor.resolve(str(tmp_path), "target").config
     assert cfg["quantization_config"] == {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}

@@ -45,14 +45,19 @@ SOURCE = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 WAIT_MS = 180_000
 
 
-def run_driver(tmp_path: pathlib.Path, **spec) -> dict:
+def run_driver(tmp_path: pathlib.Path, plugin_log_file: bool = False, **spec) -> dict:
     src = tmp_path / "fib.py"
     src.write_text(SOURCE)
     out = tmp_path / "result.json"
     server_log = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "codespec_lsp.cli", "serve"]
+    if plugin_log_file:
+        spec["log_file"] = str(server_log)  # the plugin adds --log-file
+    else:
+        cmd += ["--log-file", str(server_log)]
     spec = {
         "out": str(out),
-        "cmd": [sys.executable, "-m", "codespec_lsp.cli", "serve", "--log-file", str(server_log)],
+        "cmd": cmd,
         "settings": {"preset": "tiny", "device": "cpu"},
         "timeout_ms": WAIT_MS,
         **spec,
@@ -103,7 +108,14 @@ def test_text_handling_without_a_server():
 @pytest.mark.slow
 def test_type_see_ghost_text_accept_word_type_through_and_accept(tmp_path):
     r = run_driver(tmp_path, case="accept", start_keys="Go", type="if n",
-                   interval_ms=80, debounce_ms=30)
+                   interval_ms=80, debounce_ms=30, accept_after_ms=1500)
+    # A Tab that comes before the suggestion can have been seen is a Tab, not an accept.
+    early = r["early_tab"]
+    assert early["shown_for_ms"] < 1500
+    # what Tab does here (a tab, or spaces with Python's softtabstop), not the suggestion
+    added = early["line_after"][len(early["line_before"]):]
+    assert early["line_after"].startswith(early["line_before"]) and added and not added.strip()
+    assert early["counts"]["accepted"] == 0 and early["counts"]["too_early"] == 1
     row, col = r["cursor_before"]
     suggestion = r["suggestion"]
     assert r["before"][row].endswith("if n") and col == len(r["before"][row].encode())
@@ -175,3 +187,24 @@ def test_fast_typing_cancels_stale_requests_and_shows_only_the_newest(tmp_path):
     assert r["restart"]["new"] != r["restart"]["old"]
     assert r["restart"]["stats"]["requests"] == 0
     assert r["server_stopped"], "the server did not exit after shutdown"
+
+
+@pytest.mark.slow
+def test_typing_while_the_models_load_gets_a_suggestion_when_they_are_ready(tmp_path):
+    """A user who typed while the models loaded and then paused sees a suggestion without
+    another keystroke: the plugin asks again when the server says it is ready."""
+    r = run_driver(tmp_path, case="ready", start_keys="Go", type="if n", interval_ms=30,
+                   debounce_ms=0, type_while_loading=True, plugin_log_file=True)
+    assert r["state_after_typing"] == "loading", "the models were ready before the typing ended"
+    assert r["counts_after_typing"]["shown"] == 0
+    # No key was typed after that; the suggestion came from the re-ask.
+    assert r["counts"]["reasked"] >= 1
+    assert r["counts"]["shown"] >= 1
+    assert [r["shown"]["row"], r["shown"]["col"]] == r["cursor"] == r["typed_at"]
+    assert r["shown"]["text"].strip()
+
+    # :CodespecLog opens the server's own log (the plugin's --log-file), each line with its level.
+    assert r["log_buffer"] == str(tmp_path / "server.log")
+    levels = {word for line in r["log_lines"] for word in line.split()[2:3]}
+    assert "INFO" in levels, r["log_lines"][:5]
+    assert not any(line.startswith("[ERROR]") for line in r["log_lines"])

@@ -1,11 +1,14 @@
 """The quality gates of postprocess.finalize: loops, confidence, re-typed suffix, next line,
 doubled indentation."""
 
+import math
+
 import pytest
 
 from codespec_lsp.config import SettingsLayers
 from codespec_lsp.postprocess import (
     DEFAULT_MIN_CONFIDENCE,
+    NEXT_LINE_MARGIN,
     Mode,
     cut_unconfident,
     decide_mode,
@@ -31,6 +34,8 @@ class TestLoops:
         "str(str(str(str(",
         "x = 1\nx = 1\n",
         "a = f(x)\nb = g(y)\na = f(x)\nb = g(y)",
+        "self.x = 1\n\nself.x = 1",
+        "f(None, None, None, None)",
     ])
     def test_a_loop_is_found(self, text):
         assert find_loop(text) is not None
@@ -38,21 +43,39 @@ class TestLoops:
     @pytest.mark.parametrize("text", [
         "[0, 0, 0]",
         "# ------------------",
+        "# __________________",
         "return found",
         "x = a + b\ny = a - b",
         "        )\n    )\n)",
+        "proc.__exit__(None, None, None)",
+        "mask = 0xffffffffffffffff",
+        "third = 0.3333333333",
+        "data = b'\\x00\\x00\\x00\\x00\\x00'",
+        "'test test test'",
+        "try:\n    try:\n        pass",
     ])
     def test_code_that_repeats_a_little_is_not_a_loop(self, text):
         assert find_loop(text) is None
 
-    def test_a_loop_is_cut_after_its_first_copy(self):
-        out = finalize("self.run_run_run_run_run()", "    ", "", Mode(False, 0))
-        assert out is not None and "run_run_run" not in out
-        assert out.startswith("self.run_")
+    def test_the_first_line_counts_at_the_cursors_indentation(self):
+        # the first line follows the editor's indentation; a stray leading space does not count
+        assert find_loop(" x.append(1)\n    x.append(1)", "    ") is not None
+        assert find_loop("try:\n        try:", "    ") is None
+
+    def test_a_loop_on_the_first_line_is_cut_where_it_starts(self):
+        assert finalize("self.run_run_run_run_run()", "    ", "", Mode(False, 0)) == "self."
+        assert finalize("x = str(str(str(str(str(a", "    ", "", Mode(False, 0)) == "x ="
+        assert finalize("str(str(str(str(str(a", "    ", "", Mode(False, 0)) is None
+
+    def test_a_later_line_holding_a_loop_is_dropped(self):
+        raw = "x = compute(a)\n    y = str(str(str(str(str(a\n    z = 3"
+        assert finalize(raw, "    ", "", Mode(True, 4)) == "x = compute(a)"
 
     def test_a_repeated_line_is_kept_once(self):
         out = finalize("x.append(1)\n    x.append(1)\n    x.append(1)\n", "    ", "", Mode(True, 4))
         assert out == "x.append(1)"
+        raw = "a = f(x)\n    b = g(y)\n    a = f(x)\n    b = g(y)\n"
+        assert finalize(raw, "    ", "", Mode(True, 4)) == "a = f(x)\n    b = g(y)"
 
 
 class TestConfidence:
@@ -74,25 +97,25 @@ class TestConfidence:
     def test_an_unconfident_first_line_shows_nothing(self):
         text = "value = compute()"
         out = finalize(text, "    ", "", Mode(False, 0), logprobs=spans(text, [-6.0] * 9),
-                       min_confidence=-2.0)
+                       min_confidence=math.exp(-2.0))
         assert out is None
 
     def test_the_threshold_is_a_setting(self):
         text = "value = compute()"
         lps = spans(text, [-3.0] * 9)
-        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=-2.0) is None
-        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=-4.0) == text
+        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=math.exp(-2.0)) is None
+        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=math.exp(-4.0)) == text
 
     def test_without_logprobs_the_gate_is_off(self):
         assert finalize("value = compute()", "    ", "", Mode(False, 0)) == "value = compute()"
 
     def test_min_confidence_setting_is_read_in_camel_case_and_checked(self):
         layers = SettingsLayers()
-        errors, _ = layers.set_init({"minConfidence": -1.5})
-        assert not errors and layers.effective().min_confidence == -1.5
+        errors, _ = layers.set_init({"minConfidence": 0.2})
+        assert not errors and layers.effective().min_confidence == 0.2
         errors, _ = layers.set_workspace({"codespec": {"minConfidence": 3}})
         assert errors and "minConfidence" in errors[0]
-        assert layers.effective().min_confidence == -1.5
+        assert layers.effective().min_confidence == 0.2
 
 
 class TestNextLine:
@@ -109,10 +132,9 @@ class TestNextLine:
         mode = decide_mode("    x = f(y)", "")
         raw = "\n    return x\n"
         sure = [(len(raw), -0.1)]
-        unsure = [(len(raw), -1.8)]
-        assert finalize(raw, "    x = f(y)", "", mode, logprobs=sure) == "\n    return x"
         # above the line threshold, but not by the margin that interrupting needs
-        assert -1.8 > DEFAULT_MIN_CONFIDENCE
+        unsure = [(len(raw), math.log(DEFAULT_MIN_CONFIDENCE) + NEXT_LINE_MARGIN / 2)]
+        assert finalize(raw, "    x = f(y)", "", mode, logprobs=sure) == "\n    return x"
         assert finalize(raw, "    x = f(y)", "", mode, logprobs=unsure) is None
         assert finalize(raw, "    x = f(y)", "", mode) is None  # no confidence known
 

@@ -1,17 +1,16 @@
 import asyncio
-import dataclasses
+import logging
 import threading
 
 import pytest
 
 from codespec_lsp.config import Settings
-from codespec_lsp.engine.api import ModelLoadError
 from codespec_lsp.engine_host import EngineHost
+from codespec_lsp.rhythm import Rhythm
 from codespec_lsp.scheduler import (
     CompletionCache,
     CompletionRequest,
     Debouncer,
-    Rhythm,
     Scheduler,
     split_line,
 )
@@ -47,6 +46,14 @@ class FakeClock:
 async def settle(n: int = 5) -> None:
     for _ in range(n):
         await asyncio.sleep(0)
+
+
+async def idle(s: Scheduler) -> None:
+    """Until the engine worker has run everything submitted so far (it is one FIFO thread), and
+    the event loop has taken the results: no wall-clock windows."""
+    await settle(10)
+    await asyncio.wrap_future(s._executor.submit(lambda: None))
+    await settle(10)
 
 
 def make(engine=None, clock=None, **settings):
@@ -214,18 +221,18 @@ async def test_steady_fast_typing_spends_no_forwards_between_keystrokes():
         tasks.append(asyncio.ensure_future(s.complete(req(text))))
         await settle()
         clock.advance(0.1)
-        await settle()
-        await asyncio.sleep(0.01)  # let a started generation finish on the worker
+        await idle(s)
     clock.advance(1.0)
     outs = await asyncio.gather(*tasks)
-    assert outs[-1].status == "answered"  # the pause at the end is answered
-    # Before the rhythm is known (2 gaps) the base debounce lets a few through; after that the
-    # stretched debounce keeps generation idle until the pause...
-    assert eng.calls <= 4
-    assert sum(o.status == "superseded" for o in outs) >= len(outs) - 4
+    # Two gaps make a rhythm: the first two keystrokes are answered with the base debounce.
+    # Then the model is known to be slower than the typing: the debounce is stretched past the
+    # gap and every keystroke is overtaken before a generation starts, until the pause.
+    assert [o.status for o in outs] == ["answered"] * 2 + ["superseded"] * 9 + ["answered"]
+    assert eng.calls == 3
     # ...while the prompt cache is kept level with the typing, keystroke by keystroke.
-    assert len(eng.prefills) >= len(outs) - 4
+    assert len(eng.prefills) == 10
     assert eng.prefills[-1] == "x = abcdefghijkl" == eng.prompts[-1]
+    assert s.stats.wasted_target_forwards == 0
 
 
 async def test_moderate_typing_gets_suggestions_cut_to_fit_the_gap():
@@ -319,7 +326,9 @@ async def test_repeat_and_typing_through_cost_no_model_call():
     typed = await s.complete(req("x = valu"))
     assert again.text == "value + 1" and again.status == "repeat"
     assert typed.text == "e + 1" and typed.status == "typing_through"
-    assert eng.calls == 1 and s.stats.typing_through_hits == 2
+    # A repeat is not typing through (issue 13): each has its own counter, both are answers.
+    assert eng.calls == 1 and s.stats.typing_through_hits == 1 and s.stats.repeats == 1
+    assert s.stats.answered == 3 and s.counters()["repeats"] == 1
 
 
 async def test_diverging_typing_calls_model():
@@ -334,12 +343,15 @@ async def test_not_ready_answers_empty_without_engine():
     s = make(None)
     out = await s.complete(req("x = "))
     assert out.text is None and out.status == "not_ready"
-    assert s.stats_dict()["state"] == "loading" and s.stats.answered == 1
+    # Not an answer (issue 13): `answered` counted these, flattering every count built on it.
+    assert s.stats_dict()["state"] == "loading" and s.stats.answered == 0
+    assert s.counters()["not_ready"] == 1
 
 
 async def test_disabled():
     s = make(FakeEngine(), enable=False)
     assert (await s.complete(req("x = "))).status == "disabled"
+    assert s.stats.answered == 0 and s.counters()["disabled"] == 1
 
 
 async def test_newer_request_supersedes_generating_one():
@@ -428,6 +440,7 @@ async def test_engine_error_gives_empty_answer():
     s = make(Broken())
     out = await s.complete(req("x = "))
     assert out.text is None and out.status == "error"
+    assert s.stats.answered == 0 and s.counters()["errors"] == 1
 
 
 async def test_feedback_counts_only_known_ids():
@@ -448,123 +461,6 @@ async def test_forget_drops_document_state():
     assert s.stats.typing_through_hits == 0
 
 
-# ------------------------------------------------------------ loading
-
-
-async def test_host_loads_and_reports():
-    eng = FakeEngine()
-    host = EngineHost(loader=lambda s: eng)
-    done = []
-    await host.load(Settings(), on_done=done.append)
-    assert host.state == "ready" and host.engine is eng
-    assert done[0].ok and "fake-target" in done[0].message
-    assert not host.needs_load(Settings(max_tokens=5))  # not a model setting
-    assert host.needs_load(Settings(preset="other"))
-
-
-async def test_load_calibrates_the_rhythm_with_a_warm_generation():
-    eng = FakeEngine()
-    host = EngineHost(loader=lambda s: eng)
-    await host.load(Settings())
-    tokens, wall_s, prefill = host.warmup
-    assert tokens > 0 and prefill <= 2  # the second, warm call: a keystroke's cost
-    s = Scheduler(host, lambda: Settings(debounce_ms=0))
-    assert s.rhythm.cost() is None
-    await s.complete(req("x = "))
-    assert s.rhythm.cost() is not None
-
-
-async def test_host_load_failure_keeps_message():
-    def loader(s):
-        raise ModelLoadError("no such folder: /nope")
-
-    host = EngineHost(loader=loader)
-    done = []
-    await host.load(Settings(target="/nope"), on_done=done.append)
-    assert host.state == "error" and "no such folder" in host.error
-    assert not done[0].ok and "no such folder" in done[0].message
-
-
-async def test_host_unexpected_error_and_oom_hint():
-    def loader(s):
-        raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")
-
-    host = EngineHost(loader=loader)
-    done = []
-    await host.load(Settings(), on_done=done.append)
-    assert host.state == "error" and "smaller or GPTQ" in done[0].message
-
-
-async def test_burst_of_model_changes_loads_latest_once_more():
-    release = threading.Event()
-    loaded = []
-
-    def loader(s):
-        release.wait(5)
-        loaded.append(s.preset)
-        return FakeEngine()
-
-    host = EngineHost(loader=loader)
-    first = asyncio.ensure_future(host.load(Settings(preset="a")))
-    await settle()
-    for p in "bcd":
-        await host.load(Settings(preset=p))  # returns at once: a load is running
-    release.set()
-    await asyncio.wait_for(first, 5)
-    assert loaded == ["a", "d"] and host.state == "ready"
-
-
-def test_settings_dataclass_replace_keeps_frozen():
-    s = dataclasses.replace(Settings(), max_tokens=3)
-    assert s.max_tokens == 3
-
-
-def _fake_planner(monkeypatch, plan: dict) -> list:
-    from codespec_lsp import doctor
-
-    calls = []
-
-    def plan_pair(draft, target, gpu_mem_bytes, context, k=None, acceptance=None, engine=None):
-        calls.append((draft, target, gpu_mem_bytes, context, engine))
-        return plan
-
-    monkeypatch.setattr(doctor, "plan_pair", plan_pair)
-    return calls
-
-
-async def test_planner_warning_when_pair_will_not_speed_up(monkeypatch):
-    calls = _fake_planner(monkeypatch, {"fits": True, "expected_speedup": 0.8,
-                                        "verdict": "slower", "advice": "use n-gram drafting"})
-    host = EngineHost(loader=lambda s: FakeEngine())
-    done = []
-    await host.load(Settings(), on_done=done.append)
-    assert done[0].ok and "n-gram" in done[0].warning and "0.80" in done[0].warning
-    assert calls[0][:2] == ("fake-draft", "fake-target") and calls[0][2] > 0
-    assert calls[0][4] is None  # from configs: no engine work off the worker thread
-
-
-async def test_planner_warning_when_pair_will_not_fit(monkeypatch):
-    _fake_planner(monkeypatch, {"fits": False, "expected_speedup": 2.0, "verdict": "no",
-                                "advice": "pick the GPTQ preset"})
-    host = EngineHost(loader=lambda s: FakeEngine())
-    done = []
-    await host.load(Settings(), on_done=done.append)
-    assert "will not fit" in done[0].warning and "GPTQ" in done[0].warning
-
-
-async def test_missing_or_failing_planner_never_breaks_loading(monkeypatch):
-    from codespec_lsp import doctor
-
-    def failing(*args, **kwargs):
-        raise ValueError("unknown model")
-
-    monkeypatch.setattr(doctor, "plan_pair", failing)
-    host = EngineHost(loader=lambda s: FakeEngine())
-    done = []
-    await host.load(Settings(), on_done=done.append)
-    assert done[0].ok and done[0].warning is None and host.state == "ready"
-
-
 async def test_reload_frees_the_old_engine():
     """Bug 4: the scheduler (calibration mark, context builder's count_tokens) kept the old
     engine alive after a reload: two model pairs in memory."""
@@ -582,3 +478,142 @@ async def test_reload_frees_the_old_engine():
     assert ref() is None
     s.host.engine = FakeEngine()
     assert (await s.complete(req("x = 1"))).status == "answered"
+
+
+# ------------------------------------------------------------ accounting (issue 13)
+
+
+async def test_every_request_is_counted_once_by_its_outcome():
+    clock = FakeClock()
+    eng = FakeEngine()
+    enabled = {"on": True}
+    host = EngineHost(loader=lambda s: eng)
+    s = Scheduler(host, lambda: Settings(debounce_ms=0, enable=enabled["on"]),
+                  sleep=clock.sleep, clock=lambda: clock.now)
+    assert (await s.complete(req("x = "))).status == "not_ready"
+    host.engine, host.state = eng, "ready"
+    assert (await s.complete(req("x = "))).status == "answered"
+    assert (await s.complete(req("x = "))).status == "repeat"
+    assert (await s.complete(req("x = va"))).status == "typing_through"
+    enabled["on"] = False
+    assert (await s.complete(req("x = "))).status == "disabled"
+    enabled["on"] = True
+    eng.script = lambda prompt: 1 / 0
+    assert (await s.complete(req("y = "))).status == "error"
+    st, c = s.stats_dict(), s.counters()
+    assert st["requests"] == 6
+    assert (st["answered"], c["repeats"], st["typing_through_hits"]) == (3, 1, 1)
+    assert (c["not_ready"], c["disabled"], c["errors"]) == (1, 1, 1)
+    assert st["requests"] == (st["answered"] + st["cancelled"] + st["superseded"]
+                              + c["not_ready"] + c["disabled"] + c["errors"])
+
+
+async def test_latency_percentiles_count_only_real_answers():
+    s = make(None)
+    for _ in range(5):
+        await s.complete(req("x = "))
+    assert s.stats_dict()["latency_ms_p50"] == 0.0 and not s.stats.latencies_ms
+
+
+# ------------------------------------------------------------ faults in the worker
+
+
+@pytest.mark.parametrize("snippets", [False, True])  # the n-gram lookup text reads them always
+async def test_bad_text_in_another_document_does_not_empty_this_one(snippets):
+    """Issue 13 item 5: a document holding a lone surrogate reached the tokenizer as "other
+    open files" context and made every other document answer empty while it was open."""
+    s = make(FakeEngine(), other_documents=snippets)
+    r = CompletionRequest("file:///a.py", "x = ", 4, others=[("bad.py", "s = '\ud800'\n")])
+    out = await s.complete(r)
+    assert out.status == "answered" and out.text == "value + 1"
+
+
+async def test_bad_text_in_the_document_itself_is_neutralised_offsets_kept():
+    s = make(FakeEngine())
+    src = "s = '\ud800'\nx = "
+    out = await s.complete(CompletionRequest("file:///a.py", src, len(src)))
+    assert out.status == "answered" and out.text == "value + 1"
+
+
+async def test_a_fault_is_logged_once_with_its_traceback_and_the_worker_goes_on(caplog):
+    eng = FakeEngine()
+    s = make(eng)
+    eng.script = lambda prompt: 1 / 0
+    with caplog.at_level(logging.DEBUG, logger="codespec_lsp.scheduler"):
+        for i in range(3):
+            assert (await s.complete(req(f"x{i} = "))).status == "error"
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info and "ZeroDivisionError" in errors[0].message
+    eng.script = lambda prompt: "value + 1\n"
+    assert (await s.complete(req("z = "))).status == "answered"
+    assert s.counters()["errors"] == 3
+
+
+async def test_a_bug_outside_the_worker_costs_one_answer_not_the_server():
+    s = make(FakeEngine())
+    s.cache.get = lambda *a: 1 / 0  # any bug on the event-loop side of a request
+    assert (await s.complete(req("x = "))).status == "error"
+    assert s.counters()["errors"] == 1 and s.stats.requests == 1
+
+
+async def test_feedback_with_an_object_id_is_ignored_not_an_error():
+    """Issue 13 item 11: an object argument answered -32603 `unhashable type: 'dict'`."""
+    s = make(FakeEngine())
+    assert s.record_feedback("accepted", {"id": "c1"}) is False
+    assert s.record_feedback("shown", ["c1"]) is False
+
+
+# ------------------------------------------------------------ settings reach the worker
+
+
+async def test_min_confidence_reaches_complete_at(monkeypatch):
+    from codespec_lsp import scheduler
+
+    seen = []
+    real = scheduler.complete_at
+
+    def spy(*a, **k):
+        seen.append(k["min_confidence"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(scheduler, "complete_at", spy)
+    await make(FakeEngine()).complete(req("x = "))
+    await make(FakeEngine(), min_confidence=0.25).complete(req("x = "))
+    assert seen == [None, 0.25]
+
+
+# ------------------------------------------------------------ the request log line
+
+
+async def test_one_debug_line_per_request(caplog):
+    s = make(FakeEngine())
+    r = CompletionRequest("file:///a.py", "x = ", 4, request_id=7, position=(0, 4))
+    with caplog.at_level(logging.DEBUG, logger="codespec_lsp.scheduler"):
+        first = await s.complete(r)
+        await s.complete(r)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")]
+    assert len(lines) == 2
+    assert "id=7" in lines[0] and "file:///a.py" in lines[0] and "0:4" in lines[0]
+    assert "outcome=answered" in lines[0] and f"tokens={len(first.result.tokens)} " in lines[0] and "ms=" in lines[0]
+    assert first.result.tokens and "outcome=repeat" in lines[1] and "tokens=0" in lines[1]
+
+
+async def test_no_request_line_above_debug(caplog):
+    s = make(FakeEngine())
+    with caplog.at_level(logging.INFO, logger="codespec_lsp.scheduler"):
+        await s.complete(req("x = "))
+    assert not [r for r in caplog.records if r.getMessage().startswith("request ")]
+
+
+async def test_a_given_executor_is_the_engine_thread():
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(1, "shared")
+    names = []
+    eng = FakeEngine(script=lambda p: names.append(threading.current_thread().name) or "1\n")
+    host = EngineHost(loader=lambda s: eng)
+    host.engine, host.state = eng, "ready"
+    s = Scheduler(host, lambda: Settings(debounce_ms=0), executor=pool)
+    assert (await s.complete(req("x = "))).status == "answered"
+    assert names and names[0].startswith("shared")
+    pool.shutdown()

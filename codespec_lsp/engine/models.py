@@ -4,8 +4,9 @@
   unless the user allowed downloads: offline, a missing checkpoint is an error at once, not a hang.
 - `trust_remote_code` is off unless the user sets it.
 - GPTQ checkpoints load through transformers' GPTQ integration, which needs the `gptq` extra.
-- The pairing check runs before anything else is built: a draft whose tokenizer gives other ids
-  than the target's would have every token rejected (a "working" setup that is only slower).
+- The pairing check (codespec_lsp.pairing, the rule `doctor` reports too) runs before anything
+  else is built: a draft whose tokenizer gives other ids than the target's would have every token
+  rejected (a "working" setup that is only slower).
 """
 
 from __future__ import annotations
@@ -16,25 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from codespec_lsp import TINY_DIR
 from codespec_lsp.engine.api import MissingExtraError, ModelLoadError, TokenizerMismatchError
 from codespec_lsp.engine.engine import Engine
+from codespec_lsp.pairing import compare_tokenizers
 
 # Progress bars on stderr are noise in an LSP log and in `complete` output.
 hf_logging.disable_progress_bar()
-
-TINY_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny"
-
-# Texts that exercise what code tokenizers disagree on: indentation, unicode, digits, specials.
-PAIRING_SAMPLES = [
-    "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n",
-    "class Config(dict):\n\tpass  # tab-indented\n",
-    'print(f"{x!r:>10} — naïve café 日本語 🚀")\n',
-    "x = [1, 22, 333, 4444, 55555] + {'key': None}\r\n",
-]
-
 
 @dataclass(frozen=True)
 class Preset:
@@ -80,6 +72,8 @@ def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
 
 
 def _local_config(ref: str) -> dict | None:
+    """A local folder's config.json, with an AutoGPTQ-style quantize_config.json folded in under
+    "quantization_config" (the doctor reads folders the same way). None for a hub id."""
     path = Path(ref).expanduser()
     if not path.is_dir():
         return None
@@ -87,9 +81,13 @@ def _local_config(ref: str) -> dict | None:
     if not config.is_file():
         raise ModelLoadError(f"{path} is not a model folder: it has no config.json")
     try:
-        return json.loads(config.read_text())
+        cfg = json.loads(config.read_text())
+        qfile = path / "quantize_config.json"
+        if "quantization_config" not in cfg and qfile.is_file():
+            cfg["quantization_config"] = {"quant_method": "gptq", **json.loads(qfile.read_text())}
+        return cfg
     except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{config} is not valid JSON: {exc}") from None
+        raise ModelLoadError(f"{path}: a config file is not valid JSON: {exc}") from None
 
 
 def _is_gptq(config: dict | None) -> bool:
@@ -97,11 +95,17 @@ def _is_gptq(config: dict | None) -> bool:
     return str(quant.get("quant_method", "")).lower() == "gptq"
 
 
+# transformers' GPTQ integration needs both: optimum converts the layers, gptqmodel runs them.
+GPTQ_PACKAGES = ("gptqmodel", "optimum")
+
+
 def require_gptq(what: str) -> None:
-    if importlib.util.find_spec("gptqmodel") is None and importlib.util.find_spec("optimum") is None:
+    missing = [name for name in GPTQ_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
         raise MissingExtraError(
-            f"{what} is a GPTQ checkpoint, which needs the optional GPTQ support: "
-            f"pip install 'codespec-lsp[gptq]' (on a CUDA machine), or pick --preset tiny / codellama-python")
+            f"{what} is a GPTQ checkpoint, which needs the optional GPTQ support ({' and '.join(missing)} "
+            f"not installed): pip install 'codespec-lsp[gptq]' (it pulls a CUDA torch of several GB), "
+            f"or pick --preset tiny / codellama-python")
 
 
 def _looks_local(ref: str) -> bool:
@@ -120,17 +124,32 @@ def load_tokenizer(ref: str, *, allow_download: bool = False,
 def load_model(ref: str, *, device: str, dtype: torch.dtype, allow_download: bool = False,
                trust_remote_code: bool = False):
     config = _local_config(ref)
+    extra = {}
     if _is_gptq(config):
         require_gptq(ref)
+        # transformers reads quantization_config from config.json only: a folder that keeps it in
+        # quantize_config.json (AutoGPTQ's layout) would load as a plain model with its quantized
+        # weights dropped and the rest random. Hand it the folded config instead.
+        extra["config"] = AutoConfig.from_pretrained(ref, local_files_only=True,
+                                                     trust_remote_code=trust_remote_code)
+        extra["config"].quantization_config = config["quantization_config"]
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            ref, dtype=dtype, local_files_only=not allow_download,
-            trust_remote_code=trust_remote_code, device_map=device if device != "cpu" else None)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            ref, dtype=dtype, local_files_only=not allow_download, output_loading_info=True,
+            trust_remote_code=trust_remote_code, device_map=device if device != "cpu" else None, **extra)
     except torch.OutOfMemoryError:
         raise ModelLoadError(f"out of GPU memory loading {ref}: pick a smaller preset (GPTQ), a "
                              f"smaller draft, or free the GPU (`codespec-lsp doctor` shows the plan)") from None
     except Exception as exc:
         raise ModelLoadError(_explain(ref, "model", exc, allow_download)) from None
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        # transformers only warns and initializes them at random: a model that "works" and
+        # completes garbage. Typical cause: a quantized checkpoint whose config does not say so.
+        raise ModelLoadError(f"cannot load the model from {ref}: {len(missing)} weights are missing from "
+                             f"the checkpoint ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
+                             f"is it a quantized checkpoint whose config.json has no quantization_config, "
+                             f"or a config that does not match the weights?")
     return model.eval()
 
 
@@ -146,33 +165,11 @@ def _explain(ref: str, what: str, exc: Exception, allow_download: bool) -> str:
 
 def check_pair(draft_tok: PreTrainedTokenizerBase, target_tok: PreTrainedTokenizerBase,
                draft_name: str, target_name: str) -> None:
-    """Raise TokenizerMismatchError unless both give the same ids for the same text."""
-    problems = []
-    if len(draft_tok) != len(target_tok):
-        problems.append(f"vocabulary sizes differ ({len(draft_tok)} vs {len(target_tok)})")
-    for name in ("bos_token_id", "eos_token_id", "unk_token_id"):
-        a, b = getattr(draft_tok, name), getattr(target_tok, name)
-        if a != b:
-            problems.append(f"{name} differs ({a} vs {b})")
-    for text in PAIRING_SAMPLES:
-        a = draft_tok.encode(text, add_special_tokens=False)
-        b = target_tok.encode(text, add_special_tokens=False)
-        if a != b:
-            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            problems.append(f"{text[:24]!r} tokenizes differently from token {first} "
-                            f"({a[first:first + 3]} vs {b[first:first + 3]})")
-            break
-    if not problems:
-        draft_vocab, target_vocab = draft_tok.get_vocab(), target_tok.get_vocab()
-        differing = sum(1 for tok, i in target_vocab.items() if draft_vocab.get(tok) != i)
-        if differing:
-            problems.append(f"{differing} of {len(target_vocab)} vocabulary entries map to other ids")
-    if problems:
-        raise TokenizerMismatchError(
-            f"draft {draft_name} cannot speculate for target {target_name}: " + "; ".join(problems)
-            + ". Speculative decoding needs a draft with the target's exact tokenizer, in practice a "
-              "smaller model of the same family (e.g. CodeLlama-7B-Python for CodeLlama-13B-Python), "
-              "or no draft model at all (n-gram drafting: --draft none).")
+    """Raise TokenizerMismatchError unless the pair passes the pairing rule (codespec_lsp.pairing),
+    with the same reason `doctor` reports for it."""
+    check = compare_tokenizers(draft_tok, target_tok)
+    if not check.compatible:
+        raise TokenizerMismatchError(check.refusal(draft_name, target_name))
 
 
 def load_engine(preset: str | None = None, draft: str | None = None, target: str | None = None,

@@ -4,7 +4,7 @@
 ---   nvim --headless --clean --cmd 'set rtp^=editors/nvim' FILE.py -c 'luafile editors/nvim/tests/driver.lua'
 ---
 --- $CODESPEC_SPEC is a JSON object: { out, cmd, settings, debounce_ms, case, start_keys, type,
---- interval_ms, timeout_ms }. Keys go through nvim_input, as a UI sends them, from timer
+--- interval_ms, timeout_ms, accept_after_ms, log_file, type_while_loading }. Keys go through nvim_input, as a UI sends them, from timer
 --- callbacks, so Neovim's main loop runs between keystrokes and fires TextChangedI/CursorMovedI
 --- for each one as it does for a person typing.
 
@@ -108,7 +108,11 @@ end
 local function settled_suggestion(what)
   return wait_for(what, function()
     local st = codespec.status()
-    return st.shown and not st.in_flight and st
+    if st.shown and not st.in_flight then
+      local sugg = require('codespec.suggest').state(vim.api.nvim_get_current_buf()).sugg
+      st.shown_at_ms = sugg and sugg.shown_at
+      return st
+    end
   end)
 end
 
@@ -140,7 +144,25 @@ local cases = {}
 --- Type, see the suggestion, take one word, type one character of it, then accept the rest.
 function cases.accept()
   type_slowly(spec.type, spec.interval_ms)
-  local st = settled_suggestion('the first suggestion')
+  local early = settled_suggestion('the first suggestion')
+  -- Tab at once, before the suggestion can have been seen (accept_after_ms): it is a Tab.
+  local line_before = vim.api.nvim_get_current_line()
+  vim.api.nvim_input('<Tab>')
+  wait_for('the early Tab', function()
+    return vim.api.nvim_get_current_line() ~= line_before
+  end, 5000)
+  result.early_tab = {
+    shown_for_ms = vim.uv.now() - early.shown_at_ms,
+    line_before = line_before,
+    line_after = vim.api.nvim_get_current_line(),
+    counts = vim.deepcopy(codespec.status().counts),
+  }
+  -- Take the Tab back: the plugin asks again for the same text.
+  vim.api.nvim_input('<BS>')
+  local st = settled_suggestion('the suggestion after the early Tab')
+  -- Now let it be seen.
+  sleep(spec.accept_after_ms + 100)
+  st = codespec.status()
   result.suggestion = st.shown.text
   result.before = lines()
   result.cursor_before = cursor()
@@ -228,6 +250,23 @@ function cases.fast()
   end)
 end
 
+--- Type while the models load, then stop: the answers are empty until they are ready, and
+--- the plugin asks again by itself when the server says so. Then :CodespecLog.
+function cases.ready()
+  type_slowly(spec.type, spec.interval_ms)
+  result.typed_at = cursor()
+  result.counts_after_typing = vim.deepcopy(codespec.status().counts)
+  result.state_after_typing = server_stats().state
+  local st = settled_suggestion('a suggestion with no further keystroke')
+  result.shown = st.shown
+  result.cursor = cursor()
+  result.counts = st.counts
+  vim.cmd('stopinsert')
+  vim.cmd('CodespecLog')
+  result.log_buffer = vim.api.nvim_buf_get_name(0)
+  result.log_lines = vim.api.nvim_buf_get_lines(0, 0, -1, false)
+end
+
 co = coroutine.create(function()
   result.t0 = vim.uv.now()
   result.nvim = tostring(vim.version())
@@ -235,24 +274,33 @@ co = coroutine.create(function()
     cmd = spec.cmd,
     settings = spec.settings or {},
     debounce_ms = spec.debounce_ms,
+    accept_after_ms = spec.accept_after_ms or 200,
+    log_file = spec.log_file or false,
   })
   -- The buffer was loaded before setup (as with a lazy-loaded plugin): setup attaches it.
   wait_for('the server to start', client, 30000)
   log('client attached')
-  local stats = wait_for('the models to load', function()
-    local s = server_stats()
-    if s.state == 'error' then
-      error('server failed to load its models: ' .. vim.inspect(s))
-    end
-    return s.state == 'ready' and s
-  end)
-  log('server ready: ' .. vim.inspect(stats))
-  result.ready_stats = stats
+  if spec.type_while_loading then
+    -- Initialized: the models load from now on, in the background.
+    wait_for('the initialize answer', function()
+      return client().initialized
+    end, 60000)
+  else
+    local stats = wait_for('the models to load', function()
+      local s = server_stats()
+      if s.state == 'error' then
+        error('server failed to load its models: ' .. vim.inspect(s))
+      end
+      return s.state == 'ready' and s
+    end)
+    log('server ready: ' .. vim.inspect(stats))
+    result.ready_stats = stats
+  end
   vim.api.nvim_input(spec.start_keys)
   wait_for('insert mode', function()
     return vim.api.nvim_get_mode().mode == 'i'
   end, 5000)
-  sleep(100)
+  sleep(spec.type_while_loading and 0 or 100)
   assert(cases[spec.case], 'unknown case ' .. tostring(spec.case))()
   log('done')
 end)

@@ -1,0 +1,173 @@
+"""The document model: the server's copy of an open document equals the editor's.
+
+pygls keeps the documents (incremental sync applied before any handler runs); this module
+only corrects how pygls reads them, by subclassing its TextDocument and Workspace.
+
+Promises (LSP 3.17, "Text Documents" and "Position"):
+- Lines end at "\\n", "\\r\\n" or "\\r" only. pygls splits with `str.splitlines`, which also
+  breaks at \\f, \\v, U+001C-U+001E, U+0085 and U+2028/9, so positions after such a character
+  landed on the wrong line.
+- Positions count in the negotiated encoding (UTF-16 unless the client offered better). A
+  character past the end of its line means the line end (the spec's rule; pygls stopped one
+  character short), a line past the last means the end of the document. A position inside a
+  surrogate pair means after the pair.
+- A change whose range is reversed (end before start) is applied to the normalised range.
+- A change older than the document (its version is lower) is logged and dropped: the newest
+  text stays. A change for a document that is not open is logged and dropped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import re
+from urllib.parse import unquote
+
+from lsprotocol import types
+from pygls.workspace import TextDocument
+from pygls.workspace import Workspace as _PyglsWorkspace
+
+log = logging.getLogger("codespec_lsp.documents")
+
+_BREAK = re.compile(r"\r\n|\r|\n")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines with their line breaks, like `str.splitlines(True)` but at LSP breaks only."""
+    lines, start = [], 0
+    for m in _BREAK.finditer(text):
+        lines.append(text[start:m.end()])
+        start = m.end()
+    if start < len(text):
+        lines.append(text[start:])
+    return lines
+
+
+def clean(text: str) -> str:
+    """`text` with lone surrogates replaced by U+FFFD, one for one (offsets stay valid).
+
+    JSON lets a client send "\\ud800"; a tokenizer cannot encode it, so text headed for the model
+    passes through here.
+    """
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+class Document(TextDocument):
+    """A pygls TextDocument that splits lines and resolves positions the LSP way."""
+
+    _cache: tuple[str, list[int], tuple[str, ...] | None] | None = None
+
+    def _index(self) -> tuple[str, list[int]]:
+        """The source and its line start offsets, cached until the source changes."""
+        source = self.source
+        if self._cache is None or self._cache[0] is not source:
+            # After a final line break starts an empty line: (n, 0) is the end, a real place.
+            starts = [0] + [m.end() for m in _BREAK.finditer(source)]
+            self._cache = (source, starts, None)
+        return self._cache[0], self._cache[1]
+
+    @property
+    def lines(self) -> tuple[str, ...]:  # type: ignore[override]
+        source, starts = self._index()
+        assert self._cache is not None
+        if self._cache[2] is None:
+            self._cache = (source, starts, tuple(split_lines(source)))
+        return self._cache[2]  # type: ignore[return-value]
+
+    def offset_at(self, position: types.Position, *, strict: bool = False) -> int | None:
+        """Code-point offset of a client position.
+
+        Clamped to the line end / document end unless `strict`, where a position past the end
+        of its line or of the document is None. The empty line after a final line break is a
+        real place: (n, 0) there is the end of the document, not past it.
+        """
+        source, starts = self._index()
+        line, char = max(0, position.line), max(0, position.character)
+        if line >= len(starts):
+            return None if strict else len(source)
+        start = starts[line]
+        end = starts[line + 1] if line + 1 < len(starts) else len(source)
+        m = _BREAK.search(source, start, end)
+        body_end = m.start() if m else end
+        column = self._column(source, start, body_end, char)
+        if column is None:
+            return None if strict else body_end
+        return column
+
+    def _column(self, source: str, start: int, end: int, units: int) -> int | None:
+        """Offset in source[start:end] that lies `units` client code units in; None if beyond."""
+        if units == 0:
+            return start
+        counter = self.position_codec.impl
+        if self.position_codec.encoding == types.PositionEncodingKind.Utf32 or \
+                source.isascii():
+            return start + units if start + units <= end else None
+        seen = 0
+        for i in range(start, end):
+            seen += counter.code_units_for_char(source[i])
+            if seen >= units:
+                return i + 1  # inside a surrogate pair (or a UTF-8 sequence): after the char
+        return None
+
+    def position_at(self, offset: int) -> types.Position:
+        """The client position of a code-point offset."""
+        source, starts = self._index()
+        offset = min(max(0, offset), len(source))
+        line = bisect.bisect_right(starts, offset) - 1
+        start = starts[line]
+        if (m := _BREAK.search(source, start, offset)) is not None:
+            offset = m.start()  # inside a "\r\n": the line end
+        return types.Position(line=line, character=self.position_codec.client_num_units(
+            source[start:offset]))
+
+    def _apply_incremental_change(self, change: types.TextDocumentContentChangePartial) -> None:
+        start = self.offset_at(change.range.start)
+        end = self.offset_at(change.range.end)
+        assert start is not None and end is not None
+        if end < start:
+            log.warning("%s: reversed range %s in a change: applied as %s..%s", self.uri,
+                        _fmt(change.range), _fmt_pos(change.range.end),
+                        _fmt_pos(change.range.start))
+            start, end = end, start
+        source = self.source
+        self._source = source[:start] + change.text + source[end:]
+
+
+def _fmt_pos(p: types.Position) -> str:
+    return f"{p.line}:{p.character}"
+
+
+def _fmt(r: types.Range) -> str:
+    return f"{_fmt_pos(r.start)}-{_fmt_pos(r.end)}"
+
+
+class Workspace(_PyglsWorkspace):
+    """pygls's workspace holding `Document`s, refusing stale and orphan changes."""
+
+    def _create_text_document(self, doc_uri: str, source: str | None = None,
+                              version: int | None = None,
+                              language_id: str | None = None) -> Document:
+        return Document(doc_uri, source=source, version=version, language_id=language_id,
+                        sync_kind=self._sync_kind, position_codec=self.position_codec)
+
+    def update_text_document(self, text_doc: types.VersionedTextDocumentIdentifier,
+                             change: types.TextDocumentContentChangeEvent) -> None:
+        doc = self._text_documents.get(unquote(text_doc.uri))
+        if doc is None:
+            log.warning("didChange for %s, which is not open: ignored", text_doc.uri)
+            return
+        if text_doc.version is not None and doc.version is not None and \
+                text_doc.version < doc.version:
+            # Versions only grow (LSP): an older one is a reordered or replayed message.
+            log.warning("%s: change for version %s after version %s: ignored (the newer text "
+                        "stays)", text_doc.uri, text_doc.version, doc.version)
+            return
+        doc.apply_change(change)
+        doc.version = text_doc.version
+
+    @classmethod
+    def like(cls, other: _PyglsWorkspace) -> "Workspace":
+        """A fresh workspace with the same root, folders, sync kind and position encoding."""
+        return cls(other.root_uri, other._sync_kind, list(other.folders.values()),
+                   other.position_encoding)
