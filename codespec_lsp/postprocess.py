@@ -52,7 +52,7 @@ NEXT_LINE_MARGIN = 2.0
 # MIN_LOOP_COPIES copies (the last may be partial): `but, but, but, but`, `run_run_run_run`,
 # `str(str(str(str(`. Real code stops at three (`f(None, None, None)`), and its long runs of
 # one unit are numbers, bytes and rulers (`0xffffffff`, `b"\x00\x00\x00\x00"`, `# ____`),
-# which hold no letter once escapes and hex literals are set aside. find_loop flags 0.3 % of the
+# which hold no letter once escapes and hex literals are set aside. find_loop flags 0.25 % of the
 # 3-line windows of CPython's standard library (its tests' data tables, mostly; 0.8 % before).
 _UNIT_RUN = re.compile(r"(.{2,40}?)\1{2,}")
 MIN_LOOP_COPIES = 3.5
