@@ -5,7 +5,8 @@ What each field means (the README quotes these):
   acceptance_rate               drafted tokens the target kept / drafted tokens
   tokens_per_target_forward     new tokens / target verify forwards, speculative runs
   speedup                       target-only decode wall / speculative decode wall, same points,
-                                both with the prompt already in the KV cache, order alternated
+                                both with the prompt already in the KV cache, order alternated,
+                                the faster of two runs per point and mode
   next_token_accuracy           the target's greedy next-token accuracy, teacher-forced, held-out
   unigram_accuracy              always guessing the held-out set's own most frequent token
   prefill_tokens_per_keystroke  mean prompt tokens run per keystroke while typing one character
@@ -15,6 +16,12 @@ What each field means (the README quotes these):
                                 decoding (prompt cached, as while typing); a cancel during a cold
                                 prefill waits for one prefill chunk instead (128 tokens)
   target_forward_ms_p50         median target forward (verify) time over the run
+  time_split_s                  per mode ("target", "spec"): seconds of prefill, draft, verify and
+                                the rest, summed over the points (..._per_request_ms: per point)
+  second_corpus                 points, lossless, acceptance_rate, tokens_per_target_forward,
+                                speedup and the time split again on a second held-out project
+                                (benchmarks/heldout, lib2to3: never trained on, never tuned on)
+Adaptive K starts from its priors on each corpus, as a fresh server would.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ from codespec_lsp.engine.engine import Engine
 from codespec_lsp.stats import percentile
 
 HELD_OUT = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus"
+# A second held-out project the pair was never tuned on: lib2to3 (scripts/train_tiny.py skips it;
+# benchmarks/corpus is where the pair's defaults were measured). Adaptive K must not lose here either.
+SECOND_CORPUS = Path(__file__).resolve().parent.parent / "benchmarks" / "heldout"
 
 
 def corpus_files(corpus: str | Path | None) -> list[Path]:
@@ -158,12 +168,12 @@ def cancel_latencies(engine: Engine, prompts: list[str], trials: int, seed: int 
     return latencies
 
 
-def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
-                 max_tokens: int = 48, keystrokes: int = 40, cancel_trials: int = 20) -> dict:
-    files = corpus_files(corpus)
-    prompts = completion_points(files, points, engine)
-    _gen(engine, prompts[0], max_new_tokens=8)  # first-call allocations out of the timings
-    engine.target_forward_s.clear()
+def speed(engine: Engine, prompts: list[str], max_tokens: int, repeats: int = 2) -> dict:
+    """Target alone against speculative decoding at the same points, the prompt cached for both,
+    the order alternated; adaptive K starts from its priors (a fresh server on this code). Each
+    mode runs `repeats` times per point and its fastest run counts (timeit's rule: on a shared
+    machine the slower runs measure the other processes, not the engine)."""
+    engine.reset_adaptive()
     lossless = True
     wall = {"target": 0.0, "spec": 0.0}
     parts = ("prefill_s", "draft_s", "verify_s", "other_s")
@@ -171,18 +181,47 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
     proposed = accepted = spec_tokens = spec_forwards = 0
     for i, prompt in enumerate(prompts):
         _prefill(engine, prompt)  # prompt in both caches for both runs: decode against decode
-        runs = {}
-        for mode in (("target", "spec") if i % 2 == 0 else ("spec", "target")):
-            runs[mode] = _gen(engine, prompt, max_new_tokens=max_tokens, speculative=(mode == "spec"))
-            wall[mode] += runs[mode].wall_s
+        fastest = {}
+        for rep in range(repeats):
+            runs = {}
+            for mode in (("target", "spec") if (i + rep) % 2 == 0 else ("spec", "target")):
+                runs[mode] = _gen(engine, prompt, max_new_tokens=max_tokens, speculative=(mode == "spec"))
+                if mode not in fastest or runs[mode].wall_s < fastest[mode].wall_s:
+                    fastest[mode] = runs[mode]
+            lossless &= runs["spec"].tokens == runs["target"].tokens
+            proposed += runs["spec"].proposed
+            accepted += runs["spec"].accepted
+            spec_tokens += len(runs["spec"].tokens)
+            spec_forwards += runs["spec"].target_forwards
+        for mode, run_ in fastest.items():
+            wall[mode] += run_.wall_s
             for part in parts:
-                split[mode][part] += getattr(runs[mode], part)
-        lossless &= runs["spec"].tokens == runs["target"].tokens
-        proposed += runs["spec"].proposed
-        accepted += runs["spec"].accepted
-        spec_tokens += len(runs["spec"].tokens)
-        spec_forwards += runs["spec"].target_forwards
+                split[mode][part] += getattr(run_, part)
+    return {
+        "points": len(prompts),
+        "lossless": lossless,
+        "acceptance_rate": round(accepted / proposed, 4) if proposed else 0.0,
+        "tokens_per_target_forward": round(spec_tokens / max(spec_forwards, 1), 3),
+        "speedup": round(wall["target"] / wall["spec"], 3),
+        "time_split_s": {m: {k: round(v, 4) for k, v in d.items()} for m, d in split.items()},
+        "time_split_per_request_ms": {m: {k: round(v * 1000 / len(prompts), 3) for k, v in d.items()}
+                                      for m, d in split.items()},
+    }
+
+
+def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
+                 max_tokens: int = 48, keystrokes: int = 40, cancel_trials: int = 20,
+                 second_corpus: str | Path | None = SECOND_CORPUS) -> dict:
+    files = corpus_files(corpus)
+    prompts = completion_points(files, points, engine)
+    _gen(engine, prompts[0], max_new_tokens=8)  # first-call allocations out of the timings
+    engine.target_forward_s.clear()
+    main = speed(engine, prompts, max_tokens)
     forward_p50 = statistics.median(engine.target_forward_s) * 1000
+    second = None
+    if second_corpus is not None:
+        second = {"corpus": Path(second_corpus).name,
+                  **speed(engine, completion_points(corpus_files(second_corpus), points, engine), max_tokens)}
 
     accuracy, unigram = next_token_accuracy(engine, files)
 
@@ -201,20 +240,14 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
     return {
         "preset": engine.preset,
         "device": engine.device,
-        "points": len(prompts),
-        "lossless": lossless,
-        "acceptance_rate": round(accepted / proposed, 4) if proposed else 0.0,
-        "tokens_per_target_forward": round(spec_tokens / max(spec_forwards, 1), 3),
-        "speedup": round(wall["target"] / wall["spec"], 3),
-        "time_split_s": {m: {k: round(v, 4) for k, v in d.items()} for m, d in split.items()},
-        "time_split_per_request_ms": {m: {k: round(v * 1000 / len(prompts), 3) for k, v in d.items()}
-                                      for m, d in split.items()},
+        **main,
         "next_token_accuracy": round(accuracy, 4),
         "unigram_accuracy": round(unigram, 4),
         "prefill_tokens_per_keystroke": round(statistics.mean(cached), 2),
         "prefill_tokens_per_keystroke_nocache": round(statistics.mean(uncached), 1),
         "cancel_latency_ms_p95": round(percentile(latencies, 0.95), 2),
         "target_forward_ms_p50": round(forward_p50, 2),
+        "second_corpus": second,
     }
 
 

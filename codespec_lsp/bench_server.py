@@ -134,6 +134,10 @@ class _Client(LanguageClient):
         def _log(params: types.LogMessageParams) -> None:
             return None
 
+        @self.feature("codespec/ready")
+        def _ready(params: Any) -> None:
+            return None
+
 
 async def _request(client: _Client, method: str) -> dict:
     return (await client.protocol.send_request_async(method, None))._asdict()

@@ -7,6 +7,7 @@ so every module stays importable and testable without argparse.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -36,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="speak LSP (stdio unless --tcp/--ws)")
     _add_model_flags(serve)
-    serve.add_argument("--tcp", action="store_true", help="listen on TCP instead of stdio")
-    serve.add_argument("--ws", action="store_true", help="listen on WebSocket instead of stdio")
+    serve.add_argument("--tcp", action="store_true", help="listen on TCP instead of stdio (one session per connection)")
+    serve.add_argument("--ws", action="store_true", help="listen on WebSocket instead of stdio (one session per connection)")
     serve.add_argument("--host", default="127.0.0.1", help="address for --tcp/--ws (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=2087)
     serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
@@ -136,7 +137,15 @@ def main(argv: list[str] | None = None) -> int:
         return run_server(args)
     if args.command == "complete":
         from codespec_lsp.complete import run_complete
-        return run_complete(args)
+        try:
+            status = run_complete(args)
+            sys.stdout.flush()  # a pipe is block-buffered: the write happens here, not at exit
+            return status
+        except BrokenPipeError:
+            # `codespec-lsp complete ... | head`: the reader left; say nothing more. Python's
+            # advice: point stdout at devnull so the flush at exit does not raise again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
     if args.command == "bench" and args.bench_command == "engine":
         from codespec_lsp.bench import run_engine_bench
         return run_engine_bench(args)

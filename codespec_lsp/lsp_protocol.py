@@ -70,6 +70,7 @@ class Framer:
 
     _SCAN_KEEP = 64  # bytes kept while scanning a long line for a header
     _EARLY_CHECK = 1 << 20
+    _LOOKAHEAD = 1 << 16  # how far past a stated length a misframed body is looked for
 
     def __init__(self, limit: int = MAX_MESSAGE_BYTES) -> None:
         self.limit = limit
@@ -147,7 +148,7 @@ class Framer:
             return self._take(n)
         # The stated length cuts a JSON value or runs into the next message: take the value
         # that starts here if it is whole and is followed by a header or by nothing.
-        end = _json_end(self.buf)
+        end = _json_end(self.buf[:n + self._LOOKAHEAD])
         if end is not None and end != n:
             rest = bytes(self.buf[end:end + 40]).lstrip()
             if not rest or _HEADER.match(rest):
@@ -167,16 +168,16 @@ _decoder = json.JSONDecoder()
 
 def _json_end(data: bytes | bytearray) -> int | None:
     """Byte offset where the JSON value at the start of `data` ends, or None."""
-    try:
-        text = bytes(data).decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    # surrogateescape: bytes that are not UTF-8, in this value (answered -32700 later) or in a
+    # message after it, must not hide where this value ends (a strict decode failed on them and
+    # the framer then cut the next, valid message).
+    text = bytes(data).decode("utf-8", "surrogateescape")
     start = len(text) - len(text.lstrip())
     try:
         _, end = _decoder.raw_decode(text, start)
     except ValueError:
         return None
-    return end if text.isascii() else len(text[:end].encode("utf-8"))
+    return end if text.isascii() else len(text[:end].encode("utf-8", "surrogateescape"))
 
 
 async def read_stream(protocol: "HardenedProtocol",

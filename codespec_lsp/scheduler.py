@@ -226,7 +226,10 @@ def _clean(text: str) -> str:
 class Scheduler:
     def __init__(self, host: EngineHost, settings: Callable[[], Settings], *,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 executor: concurrent.futures.Executor | None = None) -> None:
+        """`executor`: the engine's one thread; sessions of one TCP/WebSocket server share one
+        (the engine is not thread-safe), a stdio server owns its own."""
         self.host = host
         self.settings = settings
         self.stats = Stats()
@@ -235,7 +238,7 @@ class Scheduler:
         self.rhythm = Rhythm()
         self._calibrated: weakref.ref | None = None
         self._clock = clock
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, "codespec-engine")
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, "codespec-engine")
         self._jobs: dict[str, _Job] = {}
         self._builder: tuple | None = None
         self._ids = itertools.count(1)
@@ -258,6 +261,12 @@ class Scheduler:
         if (job := self._jobs.pop(key, None)) is not None:
             job.cancel.cancel()
             job.superseded.set()
+
+    def count_cancelled_unstarted(self) -> None:
+        """A request the client cancelled before its handler ran (the protocol layer sees it):
+        counted here, so the outcomes still add up to the requests."""
+        self.stats.requests += 1
+        self.stats.cancelled += 1
 
     async def complete(self, req: CompletionRequest) -> Outcome:
         t0 = self._clock()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import logging
 import sys
 import uuid
@@ -69,6 +70,26 @@ class CodespecProtocol(HardenedProtocol):
             result.capabilities.completion_provider = None
         return result
 
+    def _handle_cancel_notification(self, msg_id: Any) -> None:
+        # A completion cancelled before its handler ran (request and cancel read together, as
+        # editors send them while typing) never reaches the scheduler: count it there, so every
+        # completion request is counted once.
+        task = self._request_futures.get(msg_id)
+        unstarted = (isinstance(task, asyncio.Task) and task.get_name() == _COMPLETION_TASK
+                     and inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED)
+        super()._handle_cancel_notification(msg_id)  # pops the task and cancels it
+        if unstarted and msg_id not in self._request_futures:
+            self._server.scheduler.count_cancelled_unstarted()
+
+    def _handle_request(self, msg_id: Any, method_name: str, params: Any) -> None:
+        super()._handle_request(msg_id, method_name, params)
+        if method_name in (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.TEXT_DOCUMENT_COMPLETION):
+            if isinstance(task := self._request_futures.get(msg_id), asyncio.Task):
+                task.set_name(_COMPLETION_TASK)
+
+
+_COMPLETION_TASK = "codespec-completion"
+
 
 def _client_has_inline(caps: types.ClientCapabilities) -> bool:
     return bool(caps.text_document and caps.text_document.inline_completion is not None)
@@ -88,11 +109,9 @@ class CodespecServer(LanguageServer):
         self._notify = lambda level, message: self.show(
             types.MessageType.Error if level == "error" else types.MessageType.Info, message)
         self.host.notify = self._notify
-        self.scheduler = Scheduler(self.host, lambda: self.settings)
-        if worker is not None:
-            # Sessions of one TCP/WebSocket server take turns on the engine's one thread: the
-            # in-process engine (its KV caches) is not safe to use from two threads at once.
-            self.scheduler._executor = worker
+        # Sessions of one TCP/WebSocket server take turns on the engine's one thread (`worker`):
+        # the in-process engine (its KV caches) is not safe to use from two threads at once.
+        self.scheduler = Scheduler(self.host, lambda: self.settings, executor=worker)
         self._pending_messages: list[tuple[types.MessageType, str]] = []
         self._tasks: set[asyncio.Task] = set()
         self._errors_shown: set[str] = set()

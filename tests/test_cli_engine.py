@@ -18,7 +18,7 @@ BENCH_FIELDS = ["preset", "device", "points", "lossless", "acceptance_rate",
                 "tokens_per_target_forward", "speedup", "time_split_s", "time_split_per_request_ms",
                 "next_token_accuracy", "unigram_accuracy",
                 "prefill_tokens_per_keystroke", "prefill_tokens_per_keystroke_nocache",
-                "cancel_latency_ms_p95", "target_forward_ms_p50"]
+                "cancel_latency_ms_p95", "target_forward_ms_p50", "second_corpus"]
 
 
 def test_complete_json_matches_plain_and_target_only(capsys):
@@ -57,3 +57,20 @@ def test_bench_engine_fields_and_invariants():
     assert out["next_token_accuracy"] > out["unigram_accuracy"] > 0
     assert out["prefill_tokens_per_keystroke"] < out["prefill_tokens_per_keystroke_nocache"]
     assert out["prefill_tokens_per_keystroke_nocache"] >= 512
+    second = out["second_corpus"]  # a project the pair was not tuned on: lib2to3
+    assert second["corpus"] == "heldout" and second["points"] == 2 and second["lossless"] is True
+    assert second["tokens_per_target_forward"] >= 1.0 and second["time_split_s"]["spec"]["verify_s"] > 0
+
+
+def test_complete_into_a_closed_pipe_exits_quietly():
+    # `codespec-lsp complete ... | head`: the reader may leave before the answer is written;
+    # `true` leaves at once, so the write always meets a closed pipe.
+    import subprocess
+    import sys
+    proc = subprocess.run(
+        f"{sys.executable} -m codespec_lsp.cli complete {DEMO} --line 12 --col 0 --json "
+        f"--preset tiny --device cpu | true", shell=True, capture_output=True, text=True,
+        timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                          "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr

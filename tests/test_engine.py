@@ -105,7 +105,7 @@ def test_sampling_follows_target_distribution():
     """Two sampled tokens from a toy 6-symbol pair, against the target's exact joint distribution."""
     tok, target, draft = toy_pair(vocab=6)
     engine = make_engine(target, draft, tok, drafter="model", prefix_cache=False)
-    engine.controllers["model"].kept, engine.controllers["model"].trials = 1e6, 1e6  # always draft
+    engine.fixed_k = 1  # always draft: both sampled tokens go through the rejection rule
     prompt = "w1 w2"
     ids = engine.encode_prompt(prompt, reserve=16)
     with torch.no_grad():
@@ -233,3 +233,14 @@ def test_stops_on_stop_string_and_stop_fn(parts, references):
     assert result.stop_reason == "stop" and result.text == full[:full.find(marker)]
     cut = generate_text(engine, PROMPTS["medium"], max_new_tokens=N_NEW, stop_fn=lambda t: 2 if len(t) > 4 else None)
     assert cut.stop_reason == "stop" and cut.text == full[:2] and len(cut.tokens) < N_NEW
+
+
+def test_a_draft_that_is_never_right_is_soon_left_alone(parts):
+    """Adaptive K falls to 0 after a few rejections and probes ever more rarely: over 96 tokens a
+    random draft gets a handful of proposals, and the output is still the target's."""
+    tok, target, _ = parts
+    engine = make_engine(target, random_draft_like(target), tok, drafter="model")
+    prompt = SOURCE[:900]
+    result = generate_text(engine, prompt, max_new_tokens=96)
+    assert result.tokens == reference_greedy(target, tok, engine, prompt, 96)
+    assert len(result.tokens) == 96 and result.proposed <= 16, result.proposed

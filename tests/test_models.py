@@ -87,7 +87,7 @@ def test_missing_hub_checkpoint_offline_fails_fast(monkeypatch, tmp_path):
 def test_gptq_without_the_extra_names_the_extra(tmp_path):
     pytest.importorskip("torch")
     import importlib.util
-    if importlib.util.find_spec("gptqmodel") or importlib.util.find_spec("optimum"):
+    if importlib.util.find_spec("gptqmodel") and importlib.util.find_spec("optimum"):
         pytest.skip("the gptq extra is installed here")
     with pytest.raises(MissingExtraError, match=r"codespec-lsp\[gptq\]"):
         load_engine(preset="codellama-python-gptq", device="cpu")

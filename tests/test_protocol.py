@@ -27,6 +27,14 @@ def test_framer_resynchronises_at_the_next_header(first):
     assert out[-1] == B  # whatever happened to the first message, the next one is whole
 
 
+def test_framer_finds_a_misframed_body_despite_non_utf8_bytes_after_it():
+    # Found by test_fuzz.py: a strict decode of the whole buffer failed on the later \xff,
+    # and the framer cut the valid message B in two.
+    bad = b'{"jsonrpc":"2.0","id":3,"method":"c","params":{"x":"\xff"}}'
+    out = Framer().feed(frame(A, len(A) + 10) + frame(B) + frame(bad))
+    assert out == [A, B, bad]
+
+
 def test_framer_refuses_a_huge_length_without_allocating_it():
     framer = Framer(limit=1000)
     out = framer.feed(b"Content-Length: 99999999999\r\n\r\n" + frame(B))

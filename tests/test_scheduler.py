@@ -603,3 +603,17 @@ async def test_no_request_line_above_debug(caplog):
     with caplog.at_level(logging.INFO, logger="codespec_lsp.scheduler"):
         await s.complete(req("x = "))
     assert not [r for r in caplog.records if r.getMessage().startswith("request ")]
+
+
+async def test_a_given_executor_is_the_engine_thread():
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(1, "shared")
+    names = []
+    eng = FakeEngine(script=lambda p: names.append(threading.current_thread().name) or "1\n")
+    host = EngineHost(loader=lambda s: eng)
+    host.engine, host.state = eng, "ready"
+    s = Scheduler(host, lambda: Settings(debounce_ms=0), executor=pool)
+    assert (await s.complete(req("x = "))).status == "answered"
+    assert names and names[0].startswith("shared")
+    pool.shutdown()

@@ -225,20 +225,6 @@ async def test_invalid_setting_is_shown_and_ignored(client: LanguageClient):
     assert (await stats(client))["state"] == "ready"
 
 
-async def test_non_ascii_positions_are_utf16(client: LanguageClient):
-    # "😀" is 2 UTF-16 units, "日本" 1 each: the cursor after `x = ` is at UTF-16 column 23
-    # (22 code points).
-    text = PY + "greeting = '日本😀'; x = \n"
-    uri = open_doc(client, "g.py", text)
-    line = PY.count("\n")
-    col = len("greeting = '日本") + 2 + len("'; x = ")
-    res = await inline(client, uri, line, col)
-    assert len(res.items) == 1  # greedy on the embedded pair: deterministic
-    assert res.items[0].range.start == types.Position(line=line, character=col)
-    # Past the end of that line in UTF-16 units (one beyond): empty, not an error.
-    assert not (await inline(client, uri, line, col + 1)).items
-
-
 async def test_stats_fields_exactly(client: LanguageClient):
     st = await stats(client)
     assert set(st) == STATS_FIELDS
@@ -327,6 +313,14 @@ async def test_cancel_request_stops_the_engine_within_a_forward():
     # Forwards ran before the cancel (0.5 s), all wasted, and far fewer than the 100+ a full
     # answer takes; the next answer's own few forwards are used.
     assert 1 <= wasted < 60 and 0 < spent - wasted < 10
+    # Cancelled at once, as editors do while typing: the server may read both messages together
+    # and cancel the handler before it ever ran; counted all the same.
+    fut = inline(client, uri, 0, 7, msg_id="cancel-at-once")
+    client.cancel_request(types.CancelParams(id="cancel-at-once"))
+    with pytest.raises(JsonRpcRequestCancelled):
+        await fut
+    st = await stats(client)
+    assert (st["requests"], st["cancelled"]) == (after["requests"] + 1, after["cancelled"] + 1)
     await client.shutdown_session()
     await client.stop()
 
@@ -374,6 +368,59 @@ async def test_nan_weights_are_reported_as_a_load_error():
     assert any("NaN" in m.message and m.type == types.MessageType.Error for m in client.messages)
     await client.shutdown_session()
     await client.stop()
+
+
+async def test_non_ascii_positions_are_utf16():
+    """On the fake engine, whose answer is scripted: the position mapping is what is tested,
+    not whether the model has something to say."""
+    client = await ClientServerConfig(server_command=FAKE).start()
+    result = await client.initialize_session(types.InitializeParams(
+        capabilities=types.ClientCapabilities(), initialization_options={"debounceMs": 0}))
+    assert result.capabilities.position_encoding in (None, types.PositionEncodingKind.Utf16)
+    await wait_ready(client)
+    # "😀" is 2 UTF-16 units, "日本" 1 each: the cursor after `x = ` is at UTF-16 column 23
+    # (22 code points).
+    text = PY + "greeting = '日本😀'; x = \n"
+    uri = open_doc(client, "g.py", text)
+    line = PY.count("\n")
+    col = len("greeting = '日本") + 2 + len("'; x = ")
+    res = await inline(client, uri, line, col)
+    assert [i.insert_text for i in res.items] == ["value + 1"]
+    assert res.items[0].range.start == types.Position(line=line, character=col)
+    # Past the end of that line in UTF-16 units (one beyond): empty, not an error.
+    assert not (await inline(client, uri, line, col + 1)).items
+    await client.shutdown_session()
+    await client.stop()
+
+
+async def test_a_completion_cancelled_before_its_handler_ran_is_counted():
+    """Request and cancel in one read (editors cancel the previous request as they type): pygls
+    cancels the handler before it starts, so the scheduler never saw it and the outcomes no
+    longer added up to the requests (bench server: 38 of 40)."""
+    import json
+
+    from raw_lsp import RawServer
+
+    server = RawServer()
+    try:
+        server.initialize()
+        server.open("file:///c.py", "x = ")
+
+        def framed(msg: dict) -> bytes:
+            body = json.dumps(msg).encode()
+            return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+        server.write(framed({"jsonrpc": "2.0", "id": "c1", "method": "textDocument/inlineCompletion",
+                             "params": {"textDocument": {"uri": "file:///c.py"},
+                                        "position": {"line": 0, "character": 4},
+                                        "context": {"triggerKind": 2}}})
+                     + framed({"jsonrpc": "2.0", "method": "$/cancelRequest",
+                               "params": {"id": "c1"}}))
+        assert server.response("c1")["error"]["code"] == -32800  # RequestCancelled
+        st = server.request("s", "codespec/stats")["result"]
+        assert (st["requests"], st["cancelled"]) == (1, 1)
+    finally:
+        server.close()
 
 
 async def test_shutdown_and_exit_end_the_process():

@@ -80,3 +80,28 @@ def test_controller_learns_acceptance_and_goes_to_zero_when_drafting_does_not_pa
     for _ in range(30):
         ctl.record(proposed=4, kept=4, seconds=0.0001)
     assert ctl.alpha > 0.95 and ctl.choose(target_s=0.01, verify_cost=[1.0] * 9) >= 6
+
+
+def test_controller_falls_to_zero_when_drafting_steps_are_slower_than_the_target():
+    """The model may say draft (high acceptance) while the realised steps lose (a verify over
+    several tokens costing more than measured): the realised rate decides."""
+    ctl = KController(prior_alpha=0.9, prior_cost=0.05)
+    flat = [1.0] * 9
+    assert ctl.choose(target_s=0.01, verify_cost=flat) > 0
+    for _ in range(8):  # every draft kept, but each 5-token step took 100 ms: 50 tokens/s < 100
+        ctl.record(proposed=4, kept=4, seconds=0.001, tokens=5, step_s=0.1)
+    assert ctl.alpha > 0.9 and ctl.choose(target_s=0.01, verify_cost=flat) == 0
+
+
+def test_failed_probes_back_off():
+    ctl = KController(prior_alpha=0.0, prior_cost=0.5)
+    flat = [1.0] * 9
+    gaps, since = [], 0
+    for _ in range(16 + 32 + 64 + 1):
+        k = ctl.choose(target_s=0.01, verify_cost=flat)
+        since += 1
+        if k:
+            ctl.record(proposed=1, kept=0, seconds=0.005, tokens=1, step_s=0.02)
+            gaps.append(since)
+            since = 0
+    assert gaps == [16, 32, 64]  # each failed probe doubles the wait: probes cost ever less

@@ -19,58 +19,14 @@ from collections.abc import Sequence
 import torch
 
 from codespec_lsp.engine import hf
+from codespec_lsp.engine.adaptive import KController, VerifyTimes  # noqa: F401 (KController re-exported)
 from codespec_lsp.engine.api import CancelToken, Generation, GenerationError, GenerationResult
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
 from codespec_lsp.engine.heal import Heal, token_texts
 from codespec_lsp.engine.kvcache import PrefixCache
-from codespec_lsp.engine.speculative import K_MAX, best_k, step
+from codespec_lsp.engine.speculative import K_MAX, step
 PREFILL_RESERVE = 64 + K_MAX + 1  # room kept after the prompt: prefill and generate cut alike
 TRUNCATE_STEP = 256  # over-long prompts lose their head in steps this big (cache-friendly)
-PROBE_EVERY = 16  # steps at K = 0 before one probe at K = 1, so a drafter that improves is noticed
-
-
-class KController:
-    """Adaptive K for one draft source, from its measured acceptance and cost.
-
-    Acceptance: each drafted position is a Bernoulli(alpha) trial until the first rejection,
-    so alpha = kept / (kept + rejections), counted with decay so it follows the current request.
-    Cost: the source's time per proposed token and the target's time for n verified tokens,
-    both measured, in units of a 1-token target forward.
-    """
-
-    def __init__(self, prior_alpha: float, prior_cost: float, k_max: int = K_MAX) -> None:
-        self.k_max = k_max
-        self.kept, self.trials = prior_alpha * 4, 4.0  # a prior worth four observed positions
-        self.draft_s: float | None = None
-        self.prior_cost = prior_cost
-        self.idle_steps = 0
-
-    @property
-    def alpha(self) -> float:
-        return self.kept / self.trials
-
-    def cost(self, target_s: float | None) -> float:
-        if self.draft_s is None or not target_s:
-            return self.prior_cost
-        return self.draft_s / target_s
-
-    def choose(self, target_s: float | None, verify_cost: list[float]) -> int:
-        k = best_k(self.alpha, self.cost(target_s), self.k_max, verify_cost)[0]
-        if k == 0:
-            self.idle_steps += 1
-            if self.idle_steps >= PROBE_EVERY:
-                self.idle_steps = 0
-                return 1
-        return k
-
-    def record(self, proposed: int, kept: int, seconds: float) -> None:
-        decay = 0.9
-        rejections = 1 if kept < proposed else 0
-        self.kept = self.kept * decay + kept
-        self.trials = self.trials * decay + kept + rejections
-        if proposed:
-            per_token = seconds / proposed
-            self.draft_s = per_token if self.draft_s is None else 0.8 * self.draft_s + 0.2 * per_token
 
 
 class Engine:
@@ -93,10 +49,7 @@ class Engine:
         # None: K adapts (KController). A number pins K for every draft source: for benchmarks
         # that show what drafting at a loss would buy, never for serving.
         self.fixed_k: int | None = None
-        self.controllers = {
-            "ngram": KController(prior_alpha=0.5, prior_cost=0.01),
-            "model": KController(prior_alpha=0.6, prior_cost=self._param_ratio()),
-        }
+        self.reset_adaptive()
         # The request being served, checked before every decoder layer (hf.install_cancel_check).
         self._cancel: CancelToken | None = None
         # The hooks hold the engine weakly and go when it does: a model outliving its Engine (a
@@ -106,8 +59,15 @@ class Engine:
                  for h in hf.install_cancel_check(m, lambda: (should_stop() or (lambda: False))())]
         weakref.finalize(self, lambda: [h.remove() for h in hooks])
         self.target_forward_s: deque[float] = deque(maxlen=512)  # recent target forward times
-        self._verify_s: dict[int, float] = {}                     # n tokens -> EMA seconds
         self._token_texts: list[str] | None = None
+
+    def reset_adaptive(self) -> None:
+        """Adaptive K from its priors again (benchmarks measure a fresh start on each corpus)."""
+        self.controllers = {
+            "ngram": KController(prior_alpha=0.5, prior_cost=0.01),
+            "model": KController(prior_alpha=0.6, prior_cost=self._param_ratio()),
+        }
+        self.verify_times = VerifyTimes()  # by tokens fed: adaptive K's verify costs
 
     def _should_stop(self) -> bool:
         return self._cancel is not None and self._cancel.cancelled
@@ -228,22 +188,13 @@ class Engine:
             ids = ids[drop:][-room:]
         return head + list(ids)
 
-    def _verify_cost(self) -> list[float]:
-        one = self._verify_s.get(1)
-        costs = []
-        for k in range(K_MAX + 1):
-            measured = self._verify_s.get(k + 1)
-            costs.append(measured / one if (measured and one) else 1.0 + 0.05 * k)
-        costs[0] = 1.0
-        return costs
-
     def _plan(self, sources: list[Drafter], room: int) -> list[tuple[Drafter, int]]:
         """(drafter, K) for each source, K from its controller (or fixed_k), at most `room`."""
-        verify_cost = self._verify_cost()
+        verify_cost, one = self.verify_times.costs(), self.verify_times.one()
         plan = []
         for source in sources:
             ctl = self.controllers[source.name]
-            k = self.fixed_k if self.fixed_k is not None else ctl.choose(self._verify_s.get(1), verify_cost)
+            k = self.fixed_k if self.fixed_k is not None else ctl.choose(one, verify_cost)
             plan.append((source, max(min(k, room), 0)))
         return plan
 
@@ -307,7 +258,8 @@ class Engine:
                     new, result.stop_reason = new[:ends[0] + 1], "eos"
                 new = new[:max_new_tokens - new_count]
                 if out.source is not None:
-                    self.controllers[out.source.name].record(out.proposed, out.kept, out.draft_s)
+                    self.controllers[out.source.name].record(out.proposed, out.kept, out.draft_s,
+                                                             len(new), out.draft_s + out.verify_s)
                     result.proposed += out.proposed
                     result.accepted += min(out.kept, len(new))  # drafts after an end token don't count
                 seq.extend(new)
@@ -356,4 +308,4 @@ class Engine:
 
     def _record_verify(self, n: int, seconds: float) -> None:
         self.target_forward_s.append(seconds)
-        self._verify_s[n] = seconds if n not in self._verify_s else 0.8 * self._verify_s[n] + 0.2 * seconds
+        self.verify_times.record(n, seconds)

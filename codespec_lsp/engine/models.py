@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from codespec_lsp import TINY_DIR
@@ -72,6 +72,8 @@ def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
 
 
 def _local_config(ref: str) -> dict | None:
+    """A local folder's config.json, with an AutoGPTQ-style quantize_config.json folded in under
+    "quantization_config" (the doctor reads folders the same way). None for a hub id."""
     path = Path(ref).expanduser()
     if not path.is_dir():
         return None
@@ -79,9 +81,13 @@ def _local_config(ref: str) -> dict | None:
     if not config.is_file():
         raise ModelLoadError(f"{path} is not a model folder: it has no config.json")
     try:
-        return json.loads(config.read_text())
+        cfg = json.loads(config.read_text())
+        qfile = path / "quantize_config.json"
+        if "quantization_config" not in cfg and qfile.is_file():
+            cfg["quantization_config"] = {"quant_method": "gptq", **json.loads(qfile.read_text())}
+        return cfg
     except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{config} is not valid JSON: {exc}") from None
+        raise ModelLoadError(f"{path}: a config file is not valid JSON: {exc}") from None
 
 
 def _is_gptq(config: dict | None) -> bool:
@@ -89,11 +95,17 @@ def _is_gptq(config: dict | None) -> bool:
     return str(quant.get("quant_method", "")).lower() == "gptq"
 
 
+# transformers' GPTQ integration needs both: optimum converts the layers, gptqmodel runs them.
+GPTQ_PACKAGES = ("gptqmodel", "optimum")
+
+
 def require_gptq(what: str) -> None:
-    if importlib.util.find_spec("gptqmodel") is None and importlib.util.find_spec("optimum") is None:
+    missing = [name for name in GPTQ_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
         raise MissingExtraError(
-            f"{what} is a GPTQ checkpoint, which needs the optional GPTQ support: "
-            f"pip install 'codespec-lsp[gptq]' (on a CUDA machine), or pick --preset tiny / codellama-python")
+            f"{what} is a GPTQ checkpoint, which needs the optional GPTQ support ({' and '.join(missing)} "
+            f"not installed): pip install 'codespec-lsp[gptq]' (it pulls a CUDA torch of several GB), "
+            f"or pick --preset tiny / codellama-python")
 
 
 def _looks_local(ref: str) -> bool:
@@ -112,17 +124,32 @@ def load_tokenizer(ref: str, *, allow_download: bool = False,
 def load_model(ref: str, *, device: str, dtype: torch.dtype, allow_download: bool = False,
                trust_remote_code: bool = False):
     config = _local_config(ref)
+    extra = {}
     if _is_gptq(config):
         require_gptq(ref)
+        # transformers reads quantization_config from config.json only: a folder that keeps it in
+        # quantize_config.json (AutoGPTQ's layout) would load as a plain model with its quantized
+        # weights dropped and the rest random. Hand it the folded config instead.
+        extra["config"] = AutoConfig.from_pretrained(ref, local_files_only=True,
+                                                     trust_remote_code=trust_remote_code)
+        extra["config"].quantization_config = config["quantization_config"]
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            ref, dtype=dtype, local_files_only=not allow_download,
-            trust_remote_code=trust_remote_code, device_map=device if device != "cpu" else None)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            ref, dtype=dtype, local_files_only=not allow_download, output_loading_info=True,
+            trust_remote_code=trust_remote_code, device_map=device if device != "cpu" else None, **extra)
     except torch.OutOfMemoryError:
         raise ModelLoadError(f"out of GPU memory loading {ref}: pick a smaller preset (GPTQ), a "
                              f"smaller draft, or free the GPU (`codespec-lsp doctor` shows the plan)") from None
     except Exception as exc:
         raise ModelLoadError(_explain(ref, "model", exc, allow_download)) from None
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        # transformers only warns and initializes them at random: a model that "works" and
+        # completes garbage. Typical cause: a quantized checkpoint whose config does not say so.
+        raise ModelLoadError(f"cannot load the model from {ref}: {len(missing)} weights are missing from "
+                             f"the checkpoint ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
+                             f"is it a quantized checkpoint whose config.json has no quantization_config, "
+                             f"or a config that does not match the weights?")
     return model.eval()
 
 
