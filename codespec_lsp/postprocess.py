@@ -288,8 +288,9 @@ def find_loop(text: str, line_prefix: str = "") -> int | None:
       often right: it is the model going on that goes wrong);
     - a loop of characters on the first line (`x = str(str(str(str(`): cut where the loop
       starts, what comes before it is the model's best guess at the line the user is typing
-      (on held-out code this kept 18 % more suggestions and a longer common prefix than
-      Tabby's rule of dropping the line, at the same similarity);
+      (on 100 held-out generations this showed 0.99 of points where Tabby's rule of dropping
+      the line showed 0.81, with more similarity; keeping the loop's first copy, the earlier
+      rule, scored the same within noise);
     - such a loop on a later line: that whole line goes (a half line would end the block).
     """
     lines = text.split("\n")
