@@ -43,9 +43,9 @@ DEFAULT_MIN_CONFIDENCE = 0.02
 # line does, so it needs this much more confidence (in log-probability: e^2 = 7.4 times the
 # line threshold, 0.15 at the default). Measured at 80 ends of finished lines of
 # benchmarks/corpus, the embedded pair's next lines were as far from the real ones at every
-# bar from 0 to 0.3 (similarity ~0.18; offered at 72 % of line ends with only the line threshold, 61 % at 0.15,
-# 54 % at 0.3): its confidence does not pick out good next lines, so the bar only sets how
-# often it speaks up. A stronger model should be measured again.
+# bar from 0 to 0.3 (similarity ~0.18; offered at 72 % of line ends with only the line
+# threshold, 61 % at 0.15, 54 % at 0.3): its confidence does not pick out good next lines,
+# so the bar only sets how often it speaks up. A stronger model should be measured again.
 NEXT_LINE_MARGIN = 2.0
 
 # A loop inside a line: a unit of 2+ characters holding a letter, back to back until it makes
