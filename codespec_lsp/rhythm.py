@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from codespec_lsp.stats import percentile
+
 
 class Rhythm:
     """Fits the generation to the typing rhythm.
@@ -70,5 +72,4 @@ class Rhythm:
 
 
 def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
+    return percentile(xs, 0.5)  # the one percentile helper (nearest rank: the upper median)

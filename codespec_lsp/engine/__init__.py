@@ -3,8 +3,14 @@
 Public surface (everything else in this package is an implementation detail):
 
     engine = load_engine(preset="tiny")             # or draft=..., target=..., device=..., dtype=...
-    result = engine.generate(prompt_text, max_new_tokens=64, cancel=token)
-    result.text, result.cancelled, result.target_forwards, ...   # see api.GenerationResult
+    gen = engine.generate(engine.encode(text), max_new_tokens=64, cancel=token, key=uri)
+    for token_id in gen: ...                        # the caller decides when to stop: gen.close()
+    gen.result.tokens, .cancelled, .target_forwards, ...   # see api.GenerationResult
+(complete.py turns ids into text: incremental detokenizing, stop strings, token healing.)
+
+Modules: api (the contract), engine (the loop), speculative (one step and its maths),
+kvcache (the KV class, one prefix-cache entry per document), drafters, adaptive (K), heal,
+hf (every transformers call), models (loading).
 
 Engine attributes used by the server and planner:
     engine.tokenizer          the shared HF tokenizer (draft and target were checked to agree)

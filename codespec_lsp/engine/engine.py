@@ -1,4 +1,4 @@
-"""The generation loop: prefix-cache reuse, drafting, verification, rollback, cancel, counts.
+"""The generation loop: prefix-cache reuse, then speculative.step until done, cancel, counts.
 
 Contracts:
 - Greedy output is the target's own greedy output, token for token, whatever the drafter.
