@@ -17,6 +17,10 @@ Fields (the README quotes these):
                                   over all points: what word-by-word accept keeps
   baseline_prev_line_similarity   the edit_similarity of "the line repeats the previous non-blank
                                   line" (re-indented to the cursor's line; from the cursor's column)
+
+`--sweep P1,P2,...` adds "sweep": the same fields per minConfidence value, from the same
+generations (the finalize call complete_at made, re-run with another threshold). The default
+threshold was picked this way on benchmarks/corpus, never on benchmarks/heldout.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ def quality_points(files: list[Path], n: int, seed: int = 0, skip_lines: int = 2
         if len(points) % 2 == 0 or end - indent < 2:
             points.append(Point(path, texts[path], start + indent, "line_start"))
         else:
-            points.append(Point(path, texts[path], start + rng.randrange(indent + 1, end), "mid_line"))
+            at = start + rng.randrange(indent + 1, end)
+            points.append(Point(path, texts[path], at, "mid_line"))
     return points
 
 
@@ -88,7 +93,8 @@ def score(point: Point, suggestion: str | None) -> dict:
     return {
         "shown": suggestion is not None,
         "exact": suggestion is not None and first == real_line,
-        "similarity": difflib.SequenceMatcher(None, first, real_line).ratio() if suggestion else 0.0,
+        "similarity": (difflib.SequenceMatcher(None, first, real_line).ratio()
+                       if suggestion else 0.0),
         "repetitive": suggestion is not None and find_loop(suggestion, line_prefix) is not None,
         "prefix": len(os.path.commonprefix([suggestion, rest])) if suggestion else 0,
         "baseline": difflib.SequenceMatcher(None, baseline.rstrip(), real_line).ratio(),
@@ -163,8 +169,8 @@ def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, se
 
 def run_quality_bench(args) -> int:
     from codespec_lsp.engine import load_engine
-    engine = load_engine(preset=args.preset, draft=args.draft, target=args.target, device=args.device,
-                         dtype=args.dtype, allow_download=args.allow_download,
+    engine = load_engine(preset=args.preset, draft=args.draft, target=args.target,
+                         device=args.device, dtype=args.dtype, allow_download=args.allow_download,
                          trust_remote_code=args.trust_remote_code)
     sweep = tuple(float(t) for t in args.sweep.split(",")) if args.sweep else ()
     result = quality_bench(engine, corpus=args.corpus, points=args.points,

@@ -42,7 +42,7 @@ E2E_STATE=$E2E/.state.json
 E2E_NODE=24.21.0
 # CI's budget: a set-up that takes longer is stopped and the test skips; `make test` does not
 # try again by itself (`make vscode-e2e-setup` does; the npm cache keeps what was downloaded).
-E2E_TIMEOUT_S=${CODESPEC_E2E_TIMEOUT_S:-900}
+E2E_TIMEOUT_S=${CODESPEC_E2E_TIMEOUT_S:-600}
 
 e2e_state() {  # ok|skip, then the folder or the reason
   "${PYTHON}" -c 'import json,sys; ok=sys.argv[1]=="ok"; json.dump({"ok": ok, ("dir" if ok else "reason"): sys.argv[2]}, open(sys.argv[3], "w"))' "$1" "$2" "$E2E_STATE"

@@ -35,8 +35,10 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from codespec_lsp import TINY_DIR
+
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "codespec_lsp" / "models" / "tiny"
+OUT = TINY_DIR
 HELD_OUT = ROOT / "benchmarks" / "corpus"
 SPECIAL = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
 VOCAB = 4096

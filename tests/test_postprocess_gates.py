@@ -103,8 +103,9 @@ class TestConfidence:
     def test_the_threshold_is_a_setting(self):
         text = "value = compute()"
         lps = spans(text, [-3.0] * 9)
-        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=math.exp(-2.0)) is None
-        assert finalize(text, "    ", "", Mode(False, 0), logprobs=lps, min_confidence=math.exp(-4.0)) == text
+        mode = Mode(False, 0)
+        assert finalize(text, "    ", "", mode, logprobs=lps, min_confidence=math.exp(-2.0)) is None
+        assert finalize(text, "    ", "", mode, logprobs=lps, min_confidence=math.exp(-4.0)) == text
 
     def test_without_logprobs_the_gate_is_off(self):
         assert finalize("value = compute()", "    ", "", Mode(False, 0)) == "value = compute()"

@@ -16,7 +16,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pytest_lsp import ClientServerConfig, LanguageClient
 
-import codespec_lsp
+from codespec_lsp import TINY_DIR
 from lsp_helpers import open_doc as _open_doc
 from lsp_helpers import stats
 from lsp_helpers import wait_loaded as wait_state
@@ -25,7 +25,7 @@ open_doc = partial(_open_doc, folder="/tmp/codespec-bad")
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-TINY = pathlib.Path(codespec_lsp.__file__).parent / "models" / "tiny"
+TINY = TINY_DIR
 SERVE = [sys.executable, "-m", "codespec_lsp.cli", "serve", "--device", "cpu"]
 
 

@@ -17,6 +17,7 @@ import time
 import httpx
 import pytest
 
+from codespec_lsp import TINY_DIR
 from codespec_lsp.engine.api import CancelToken
 from codespec_lsp.remote import connect_remote
 from codespec_lsp.remote.metrics import parse
@@ -24,7 +25,7 @@ from codespec_lsp.remote.metrics import parse
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TINY = ROOT / "codespec_lsp" / "models" / "tiny"
+TINY = TINY_DIR
 VENV = pathlib.Path(os.environ.get("CODESPEC_VLLM_VENV", ROOT / ".venv-vllm"))
 START_LIMIT_S = 300
 

@@ -99,7 +99,12 @@ async function main() {
     await page.keyboard.up('Control');
     await page.waitForSelector('.quick-input-widget input', { visible: true });
     await page.keyboard.type(env.E2E_FILE);
-    await sleep(800);
+    // Enter only once Quick Open lists the file: on a busy machine its file search can take
+    // seconds, and an Enter before that opens nothing.
+    await waitFor('the file in Quick Open', () =>
+      page.evaluate((name) => [...document.querySelectorAll('.quick-input-list .monaco-list-row')]
+        .some((r) => (r.getAttribute('aria-label') || r.textContent || '').includes(name)), env.E2E_FILE), 60000);
+    await sleep(200);
     await page.keyboard.press('Enter');
     await page.waitForSelector('.monaco-editor .view-lines', { visible: true });
     await waitFor('the file in the editor', () =>
