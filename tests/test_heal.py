@@ -92,3 +92,19 @@ def test_no_extra_space_after_indentation(parts):
         assert result.tokens and not result.text[:1].isspace(), repr(result.text)
         line = indent + result.text.split("\n")[0]
         assert len(line) - len(line.lstrip(" ")) == len(indent), repr(line)
+
+
+def test_sampled_text_always_re_types_heal(parts):
+    """Sampling draws from the target's constrained distribution: every seed's text starts with
+    `heal` (the mask is on the target's side, so a sampled draft outside it is rejected)."""
+    tok, target, draft = parts
+    engine = make_engine(target, draft, tok, drafter="model")
+    engine.fixed_k = 2  # draft every step, so rejection sampling sees masked rows
+    for prompt in PROMPTS:
+        ids, heal = prompt_ids(engine, prompt)
+        for seed in range(8):
+            result = run(engine.generate(ids, max_new_tokens=6, heal=heal, temperature=1.0, seed=seed),
+                         tok, ids)
+            assert result.text.startswith(heal) or heal.startswith(result.text), (prompt, seed, result.text)
+            if heal.rsplit("\n", 1)[-1].strip() == "" and result.text.startswith(heal):
+                assert result.text[len(heal):len(heal) + 1] not in (" ", "\t")  # indent as typed
