@@ -149,6 +149,17 @@ async def _drain(stream) -> None:
         pass
 
 
+async def _initialize(client: _Client) -> dict:
+    """The handshake an inline-completion editor makes, then wait for the models."""
+    caps = types.ClientCapabilities(
+        text_document=types.TextDocumentClientCapabilities(
+            inline_completion=types.InlineCompletionClientCapabilities()),
+        window=types.WindowClientCapabilities(work_done_progress=True))
+    await client.initialize_async(types.InitializeParams(capabilities=caps))
+    client.initialized(types.InitializedParams())
+    return await _wait_loaded(client)
+
+
 async def _wait_loaded(client: _Client, limit_s: float = 900) -> dict:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
@@ -265,13 +276,7 @@ async def _bench_one(args: Any, server_command: list[str] | None = None,
         await client.start_tcp("127.0.0.1", tcp[0])
         drain, pid = asyncio.ensure_future(asyncio.sleep(0)), tcp[1]
     try:
-        caps = types.ClientCapabilities(
-            text_document=types.TextDocumentClientCapabilities(
-                inline_completion=types.InlineCompletionClientCapabilities()),
-            window=types.WindowClientCapabilities(work_done_progress=True))
-        await client.initialize_async(types.InitializeParams(capabilities=caps))
-        client.initialized(types.InitializedParams())
-        await _wait_loaded(client)
+        await _initialize(client)
         proc = psutil.Process(pid)
         rss_start = proc.memory_info().rss / 2**20
         s0 = await _request(client, "codespec/stats")
@@ -443,13 +448,7 @@ async def run_soak(args: Any, server_command: list[str] | None = None) -> dict:
     await client.start_io(*(server_command or _server_command(args)))
     drain = asyncio.ensure_future(_drain(client._server.stderr))
     try:
-        caps = types.ClientCapabilities(
-            text_document=types.TextDocumentClientCapabilities(
-                inline_completion=types.InlineCompletionClientCapabilities()),
-            window=types.WindowClientCapabilities(work_done_progress=True))
-        await client.initialize_async(types.InitializeParams(capabilities=caps))
-        client.initialized(types.InitializedParams())
-        st = await _wait_loaded(client)
+        st = await _initialize(client)
         proc = psutil.Process(client._server.pid)
         result = await soak(client, args.keystrokes, args.interval_ms / 1000,
                             getattr(args, "corpus", None), getattr(args, "documents", 5),

@@ -111,3 +111,18 @@ class Generation:
 class GenerationError(RuntimeError):
     """Generation failed at run time (e.g. out of GPU memory). The caches were reset; the engine
     is usable again for the next request."""
+
+
+# Infill token spellings by model family: CodeLlama base (with and without SentencePiece's space
+# marker), StarCoder-style. Prefix-only models (CodeLlama-*-Python, tiny) have none.
+FIM_TOKEN_NAMES = (("<PRE>", "<SUF>", "<MID>"), ("\u2581<PRE>", "\u2581<SUF>", "\u2581<MID>"),
+                   ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+
+
+def fim_tokens_of(tokenizer) -> tuple[str, str, str] | None:
+    """The (prefix, suffix, middle) infill tokens `tokenizer` has, or None: prefix-only model."""
+    if tokenizer is None:
+        return None
+    vocab = tokenizer.get_vocab()
+    return next((names for names in FIM_TOKEN_NAMES if all(n in vocab for n in names)), None)
+

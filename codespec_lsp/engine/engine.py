@@ -20,7 +20,8 @@ import torch
 
 from codespec_lsp.engine import hf
 from codespec_lsp.engine.adaptive import KController, VerifyTimes  # noqa: F401 (KController re-exported)
-from codespec_lsp.engine.api import CancelToken, Generation, GenerationError, GenerationResult
+from codespec_lsp.engine.api import (CancelToken, Generation, GenerationError, GenerationResult,
+                                     fim_tokens_of)
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
 from codespec_lsp.engine.heal import Heal, token_texts
 from codespec_lsp.engine.kvcache import PrefixCache
@@ -80,12 +81,7 @@ class Engine:
 
     @property
     def fim_tokens(self) -> tuple[str, str, str] | None:
-        vocab = self.tokenizer.get_vocab()
-        for names in (("<PRE>", "<SUF>", "<MID>"), ("▁<PRE>", "▁<SUF>", "▁<MID>"),
-                      ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")):
-            if all(n in vocab for n in names):
-                return names
-        return None
+        return fim_tokens_of(self.tokenizer)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))

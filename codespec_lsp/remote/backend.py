@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from typing import Any
 
-from codespec_lsp.engine.api import CancelToken, GenerationResult
+from codespec_lsp.engine.api import CancelToken, GenerationResult, fim_tokens_of
 from codespec_lsp.remote.client import ServerClient, ServerInfo, ServerProblem, parse_chunk
 from codespec_lsp.remote.metrics import server_rates
 
@@ -334,14 +334,7 @@ class RemoteBackend:
 
     @property
     def fim_tokens(self) -> tuple[str, str, str] | None:
-        if self.local_tokenizer is None:
-            return None
-        vocab = self.local_tokenizer.get_vocab()
-        for names in (("<PRE>", "<SUF>", "<MID>"), ("▁<PRE>", "▁<SUF>", "▁<MID>"),
-                      ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")):
-            if all(n in vocab for n in names):
-                return names
-        return None
+        return fim_tokens_of(self.local_tokenizer)
 
     # ------------------------------------------------------------ tokens
 
