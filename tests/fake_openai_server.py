@@ -45,6 +45,11 @@ class FakeState:
     script: list[int] | None = None    # when set, the ids every completion streams (then EOS)
     api_key: str | None = None         # when set, a Bearer key is required
     metrics: str = ""
+    # Token healing's one-token requests (not streamed): one with allowed_token_ids gets the first
+    # id of `prefer` that is allowed (the model re-typing what was backed up over), else the first
+    # allowed; `top` are alternatives sent as top_logprobs when more than one is asked for.
+    prefer: list[int] = field(default_factory=list)
+    top: dict[int, float] = field(default_factory=dict)
     requests: list[dict] = field(default_factory=list)
     aborted: int = 0
     finished: int = 0
@@ -145,6 +150,8 @@ class _Handler(BaseHTTPRequestHandler):
         prompt = body["prompt"] if isinstance(body["prompt"], list) else fake_tokenize(body["prompt"])
         n = int(body.get("max_tokens", 16))
         tokens = next_tokens(prompt, n) if s.script is None else (s.script + [EOS])[:n]
+        if not body.get("stream"):
+            return self._complete_once(body, tokens)
         if s.eos_after is not None and s.eos_after < n:
             tokens = tokens[:s.eos_after] + [EOS]
         self.send_response(200)
@@ -180,6 +187,21 @@ class _Handler(BaseHTTPRequestHandler):
             with s.lock:
                 s.running -= 1
                 s.sent.append(sent)
+
+    def _complete_once(self, body: dict, tokens: list[int]) -> None:
+        s = self.state
+        allowed = body.get("allowed_token_ids")
+        if allowed:
+            tokens = [next((t for t in s.prefer if t in allowed), allowed[0])]
+        reply = self._chunk(tokens[0], "length")
+        if body.get("logprobs", 0) > 1:
+            reply["choices"][0]["logprobs"]["top_logprobs"] = [
+                {f"token_id:{t}": lp for t, lp in {tokens[0]: -0.5, **s.top}.items()}]
+        reply["usage"] = {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1}
+        with s.lock:
+            s.finished += 1
+            s.sent.append(1)
+        self._send_json(reply)
 
     def _chunk(self, tok: int, finish: str | None) -> dict:
         kind = self.state.kind

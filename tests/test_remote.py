@@ -25,8 +25,14 @@ class CharTokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return "".join(chr((i - 3) % 3000) for i in ids if i > 2)
 
+    def batch_decode(self, seqs, skip_special_tokens: bool = True) -> list[str]:
+        return [self.decode(ids) for ids in seqs]
+
     def get_vocab(self) -> dict:
         return {}
+
+    def __len__(self) -> int:
+        return 3003
 
 
 class Notices(list):
@@ -94,6 +100,56 @@ def test_llama_server_gets_cache_prompt_and_its_ids_come_from_logprobs():
         assert "return_token_ids" not in body
         assert gen.result.logprobs == [-0.25] * 4
         b.close()
+
+
+# ---------------------------------------------------------------- token healing
+
+SPACE, Q = fake_tokenize(" ")[0], fake_tokenize("q")[0]
+
+
+def test_healing_is_offered_only_by_vllm_with_a_local_tokenizer(fake):
+    with FakeServer(FakeState(kind="llama-server")) as other:
+        assert backend_for(fake).supports_heal and not backend_for(other).supports_heal
+    assert not connect_remote(fake.url, notify=Notices()).supports_heal
+
+
+def test_healing_asks_for_an_allowed_token_then_streams_from_the_healed_prompt(fake):
+    b = backend_for(fake)
+    ids = b.encode("x =")
+    gen = b.generate(ids, max_new_tokens=5, heal=" ")
+    healed = ids + [SPACE]
+    assert list(gen) == [SPACE] + next_tokens(healed, 4)  # the re-typed space is the first token
+    first, main = fake.completions()
+    assert first["body"]["allowed_token_ids"] == [SPACE]  # one char re-types " ": only " " may come
+    assert first["body"]["max_tokens"] == 1 and first["body"]["stream"] is False
+    assert main["body"]["prompt"] == healed and main["body"]["max_tokens"] == 4
+    assert "allowed_token_ids" not in main["body"] and gen.result.stop_reason == "max_tokens"
+    b.close()
+
+
+@pytest.mark.parametrize("free_pick, top, expected", [
+    (Q, {SPACE: -1.5, fake_tokenize("z")[0]: -0.1}, (SPACE, -1.5)),  # the best allowed alternative
+    (SPACE, {}, (SPACE, -0.5)),                                      # the server's own pick
+])
+def test_a_large_allowed_set_goes_by_the_top_logprobs(fake, monkeypatch, free_pick, top, expected):
+    monkeypatch.setattr("codespec_lsp.remote.backend.MAX_ALLOWED_IDS", 0)
+    fake.state.script, fake.state.top = [free_pick], top
+    b = backend_for(fake)
+    gen = b.generate(b.encode("x ="), max_new_tokens=3, heal=" ")
+    assert list(gen)[0] == expected[0] and gen.result.logprobs[0] == expected[1]
+    first = fake.completions()[0]["body"]
+    assert "allowed_token_ids" not in first and first["logprobs"] == 20
+    b.close()
+
+
+def test_when_nothing_retypes_the_healed_text_there_is_no_answer_and_no_stream(fake, monkeypatch):
+    monkeypatch.setattr("codespec_lsp.remote.backend.MAX_ALLOWED_IDS", 0)
+    fake.state.script = [Q]
+    b = backend_for(fake)
+    gen = b.generate(b.encode("x ="), max_new_tokens=3, heal=" ")
+    assert list(gen) == [] and gen.result.stop_reason == "stop"
+    assert [r["body"]["stream"] for r in fake.completions()] == [False]
+    b.close()
 
 
 def test_a_text_only_server_is_retokenized_locally_and_warned_about(caplog):

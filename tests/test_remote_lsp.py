@@ -77,7 +77,8 @@ async def until(predicate, limit_s: float = 10.0) -> bool:
 
 
 async def test_suggestions_come_from_the_server_and_an_outage_is_told_once():
-    state = FakeState(script=script_for(" x + 1\n"))
+    # "    return" ends mid-word: its last token is backed up (token healing) and re-typed first.
+    state = FakeState(script=script_for(" x + 1\n"), prefer=script_for("\n    return")[-1:])
     fake = FakeServer(state)
     client = await start("--remote", fake.url, "--target", TINY_TARGET)
     try:
@@ -88,6 +89,8 @@ async def test_suggestions_come_from_the_server_and_an_outage_is_told_once():
         assert await inline(client, uri, 1, 10) == " x + 1"
         prompt = state.requests[-1]["body"]["prompt"]
         assert isinstance(prompt, list) and prompt[0] == 1  # ids, BOS first
+        healing = state.requests[-2]["body"]  # " return" was re-typed under the constraint
+        assert healing["stream"] is False and state.prefer[0] in healing["allowed_token_ids"]
 
         fake.stop()
         for col in (6, 7, 8):  # keystrokes while the server is down: empty answers, one message

@@ -29,7 +29,9 @@ from dataclasses import fields
 from typing import Any
 
 from codespec_lsp.engine.api import CancelToken, GenerationResult, fim_tokens_of
-from codespec_lsp.remote.client import ServerClient, ServerInfo, ServerProblem, parse_chunk
+from codespec_lsp.engine.heal import Heal, token_texts
+from codespec_lsp.remote.client import (ServerClient, ServerInfo, ServerProblem, parse_chunk,
+                                        top_logprobs)
 from codespec_lsp.remote.metrics import server_rates
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,10 @@ log = logging.getLogger(__name__)
 POLL_S = 0.01          # how often a waiting generation looks at its cancel token
 RETELL_S = 300.0       # a flapping server: the same trouble is told again only after this
 METRICS_EVERY_S = 2.0  # /metrics is scraped at most this often
+# vLLM's GPU model runner refuses a request with more allowed_token_ids than this (it raises in
+# the engine); a larger set is handled through the top log-probs instead.
+MAX_ALLOWED_IDS = 1024
+HEAL_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
 Notify = Callable[[str, str], Any]   # (level "error" | "info", message)
 
 
@@ -275,8 +281,6 @@ class _ServerDecoder:
 class RemoteBackend:
     """The seam's Backend over a remote server. Build it with `connect_remote` (remote/__init__)."""
 
-    supports_heal = False  # the server cannot constrain the first token to a healed prefix
-
     def __init__(self, client: ServerClient, tokenizer: Any = None, *,
                  notify: Notify | None = _log_notify, backoff_s: tuple[float, float] = (0.5, 8.0),
                  tokenizer_loader: Callable[[ServerInfo], Any] | None = None) -> None:
@@ -292,8 +296,22 @@ class RemoteBackend:
         self._metrics_at = 0.0
         self._metrics_future: concurrent.futures.Future | None = None
         self.text_warning_given = False
+        self._token_texts: list[str] | None = None
 
     # ------------------------------------------------------------ facts
+
+    @property
+    def supports_heal(self) -> bool:
+        """Token healing (complete.prompt_ids) needs each id's text, so a local tokenizer, and a
+        server that takes `allowed_token_ids` (vLLM). Elsewhere the prompt goes unhealed, and a
+        suggestion after e.g. a trailing space may differ from the in-process engine's."""
+        return self.local_tokenizer is not None and self.kind == "vllm"
+
+    @property
+    def token_texts(self) -> list[str]:
+        if self._token_texts is None:
+            self._token_texts = token_texts(self.local_tokenizer, len(self.local_tokenizer))
+        return self._token_texts
 
     @property
     def tokenizer(self) -> Any:
@@ -422,6 +440,11 @@ class RemoteBackend:
         try:
             if self.client.info is None:
                 await self._probe()
+            heal = request.pop("heal", None)
+            if heal is not None:
+                request = await self._heal(request, heal, out)
+                if request is None:
+                    return
             body = self.client.completion_body(**request, stop_ids=sorted(self.stop_ids))
             # aclosing: a cancel closes the response in this task, at once, not at GC time.
             async with contextlib.aclosing(self.client.stream_completion(body)) as chunks:
@@ -442,11 +465,56 @@ class RemoteBackend:
             out.put(("fail", ServerProblem("bad_reply", f"codespec: remote generation failed: "
                                            f"{type(exc).__name__}: {exc}")))
 
+    async def _heal(self, request: dict, heal: Heal, out: queue.Queue) -> dict | None:
+        """Token healing on the server: the token(s) re-typing `heal.rest` come one short request
+        each (vLLM's prefix cache makes it one cheap forward), then the main request goes on from
+        there. None when the generation already ended (nothing re-types it, or no room left)."""
+        prompt, left = list(request["prompt"]), request["max_tokens"]
+        while heal.rest and left > 0:
+            picked = await self._healing_token({**request, "prompt": prompt}, heal)
+            if picked is None:
+                log.info("no token re-types %r here; no suggestion", heal.rest)
+                out.put(("end", "stop"))
+                return None
+            out.put(("chunk", [picked[0]], [picked[1]], "", None))
+            heal.accept([picked[0]])
+            prompt.append(picked[0])
+            left -= 1
+        if left <= 0:
+            out.put(("end", "max_tokens"))
+            return None
+        return {**request, "prompt": prompt, "max_tokens": left}
+
+    async def _healing_token(self, request: dict, heal: Heal) -> tuple[int, float] | None:
+        """(id, logprob) of the next token under the healing constraint, as the in-process engine
+        masks it. A small allowed set goes as `allowed_token_ids` (exact, greedy or sampled). A
+        large one (a trailing space allows every token that starts with one) is over vLLM's
+        limit: the server picks freely, and a pick outside the set is replaced by the most likely
+        allowed token among its top log-probs. For greedy that is exactly the constrained argmax;
+        for sampling it favours that token a little."""
+        mask = heal.allowed(heal.rest)
+        allowed = mask.nonzero().flatten().tolist()
+        if not allowed:
+            return None
+        small = len(allowed) <= MAX_ALLOWED_IDS
+        body = self.client.completion_body(**{**request, "max_tokens": 1}, stop_ids=[])
+        body.update(stream=False, logprobs=1 if small else HEAL_TOP_LOGPROBS)
+        body.pop("stream_options", None)
+        if small:
+            body["allowed_token_ids"] = allowed
+        reply = await self.client.complete_once(body)
+        ids, logprobs, _, _ = parse_chunk(reply)
+        if ids and 0 <= ids[0] < len(mask) and mask[ids[0]]:
+            return ids[0], (logprobs or [0.0])[0]
+        ranked = sorted(top_logprobs(reply).items(), key=lambda kv: -kv[1])
+        return next(((t, lp) for t, lp in ranked if 0 <= t < len(mask) and mask[t]), None)
+
     def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None,
                  lookup_ids: Sequence[int] = (), heal: str = "") -> RemoteGeneration:
-        """`speculative`, `lookup_ids` and `heal` are the server's business and ignored here."""
+        """`heal`: the answer must start with it (token healing; see _heal). `speculative` and
+        `lookup_ids` are the server's business and ignored here."""
         ids = self._fit(list(ids), max_new_tokens)
         with self._open_lock:
             previous = self._open.pop(key, None) if key is not None else None
@@ -456,6 +524,8 @@ class RemoteBackend:
         if ids and not self.health.waiting():  # backing off: an empty answer at once, no network
             request = dict(prompt=ids, max_tokens=max_new_tokens, temperature=temperature,
                            top_p=top_p, seed=seed)
+            if heal and self.supports_heal:
+                request["heal"] = Heal(self.token_texts, heal)
         gen = RemoteGeneration(self, ids, request, cancel, key)
         if key is not None and request is not None:
             with self._open_lock:

@@ -260,6 +260,10 @@ class ServerClient:
             raise ServerProblem("unreachable", self._clean(
                 f"codespec: the stream from {self.base} broke: {type(exc).__name__}: {exc}")) from None
 
+    async def complete_once(self, body: dict) -> dict:
+        """One non-streamed completion (token healing's one-token requests)."""
+        return await self._json("POST", f"{self.base}/completions", "completions", json=body)
+
     # ------------------------------------------------------------ metrics
 
     async def metrics_text(self) -> str | None:
@@ -295,6 +299,15 @@ def parse_chunk(chunk: dict) -> tuple[list[int] | None, list[float], str, str | 
     if ids is None and isinstance(choice.get("tokens"), list):
         ids = [int(t) for t in choice["tokens"]]     # llama-server with return_tokens
     return (list(ids) if ids is not None else None), values, text, choice.get("finish_reason")
+
+
+def top_logprobs(reply: dict) -> dict[int, float]:
+    """{id: logprob} of the alternatives for the first token of a vLLM reply made with
+    return_tokens_as_token_ids (keys read "token_id:123"); {} when there are none."""
+    choices = reply.get("choices") or [{}]
+    tops = ((choices[0].get("logprobs") or {}).get("top_logprobs") or [None])[0] or {}
+    return {int(k[9:]): float(v) for k, v in tops.items()
+            if str(k).startswith("token_id:") and v is not None}
 
 
 def _caused_by(exc: BaseException, kind: type) -> bool:
