@@ -117,8 +117,8 @@ def _gen(engine: Engine, prompt: str, **options) -> GenerationResult:
     return run(engine.generate(engine.encode(prompt), **options))
 
 
-def _prefill(engine: Engine, prompt: str) -> GenerationResult:
-    return engine.prefill(engine.encode(prompt))
+def _prefill(engine: Engine, prompt: str, key: str | None = None) -> GenerationResult:
+    return engine.prefill(engine.encode(prompt), key=key)
 
 
 def measure_pair(engine: Engine, points: int = 8) -> dict:
@@ -151,13 +151,23 @@ def typing_replay(engine: Engine, text: str, at: int, keystrokes: int) -> list[i
             for i in range(1, keystrokes + 1)]
 
 
+def _doc(i: int, prompts: list[str]) -> str:
+    """Each prompt is its own document: the prefix cache keeps one entry per document, so prompts
+    sharing one key would evict each other and the cancel would land in a cold prefill."""
+    return f"cancel-trial-{i % len(prompts)}"
+
+
 def cancel_latencies(engine: Engine, prompts: list[str], trials: int, seed: int = 0) -> list[float]:
+    """cancel() to generate() returning, in ms. Steady typing: each prompt is cached under its
+    document first, so the cancel lands in decoding, not in a cold prefill."""
+    for i in range(min(trials, len(prompts))):
+        _prefill(engine, prompts[i], _doc(i, prompts))
     rng = random.Random(seed)
     latencies = []
     for i in range(trials):
         token, done = CancelToken(), threading.Event()
-        worker = threading.Thread(target=lambda p=prompts[i % len(prompts)]: (
-            _gen(engine, p, max_new_tokens=200, cancel=token), done.set()))
+        worker = threading.Thread(target=lambda p=prompts[i % len(prompts)], k=_doc(i, prompts): (
+            _gen(engine, p, max_new_tokens=200, cancel=token, key=k), done.set()))
         worker.start()
         time.sleep(rng.uniform(0.0, 0.15))
         cancelled_at = time.perf_counter()
@@ -234,8 +244,6 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
     uncached = typing_replay(engine, text, at, keystrokes)
     engine.set_prefix_cache(True)
 
-    for prompt in prompts[:cancel_trials]:
-        _prefill(engine, prompt)  # steady typing: the prompt is cached, the cancel lands in decoding
     latencies = cancel_latencies(engine, prompts, cancel_trials)
     return {
         "preset": engine.preset,

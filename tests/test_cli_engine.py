@@ -74,3 +74,18 @@ def test_complete_into_a_closed_pipe_exits_quietly():
                           "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+def test_cancel_trials_land_in_decoding_not_in_a_cold_prefill(monkeypatch):
+    """Every trial's prompt is already cached under its own document (the cache keeps one entry per
+    document: a shared key made every trial prefill ~1,000 tokens cold, and the cancel waited there)."""
+    from codespec_lsp.bench import cancel_latencies, completion_points, corpus_files
+    engine = load_engine(preset="tiny", device="cpu")
+    prompts = completion_points(corpus_files(None), 3, engine)
+    results, generate = [], engine.generate
+    monkeypatch.setattr(engine, "generate", lambda ids, **kw: (
+        results.append((len(ids), generate(ids, **kw))) or results[-1][1]))
+    assert len(cancel_latencies(engine, prompts, trials=3)) == 3
+    assert len(results) == 3
+    for n, gen in results:
+        assert gen.result.cancelled and n - gen.result.reused_tokens <= 2
