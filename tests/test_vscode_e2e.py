@@ -101,7 +101,7 @@ def test_type_see_ghost_text_accept_with_tab_then_fast_typing_shows_only_the_new
     src = ws / "fib.py"
     src.write_text(SOURCE)
     server_log = tmp_path / "server.log"
-    (user_data / "User" / "settings.json").write_text(json.dumps({
+    settings = json.dumps({
         "codespec.server.path": server,
         "codespec.server.args": ["--log-file", str(server_log)],
         "codespec.preset": "tiny",
@@ -119,7 +119,13 @@ def test_type_see_ghost_text_accept_with_tab_then_fast_typing_shows_only_the_new
         "extensions.autoCheckUpdates": False,
         "extensions.autoUpdate": False,
         "chat.disableAIFeatures": True,
-    }))
+    })
+    # code-server's extension host is a remote one: machine-scoped settings (codespec.server.path)
+    # are read from Machine/, and from User/ only when the web client's copy has arrived, which
+    # raced with the extension's start (it then ran "codespec-lsp" from PATH: ENOENT).
+    for scope in ("User", "Machine"):
+        (user_data / scope).mkdir(parents=True, exist_ok=True)
+        (user_data / scope / "settings.json").write_text(settings)
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PATH=f"{setup['node'].parent}{os.pathsep}{os.environ.get('PATH', '')}")
     base = [setup["node"], setup["code_server"], "--user-data-dir", user_data,
