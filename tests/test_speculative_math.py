@@ -105,3 +105,25 @@ def test_failed_probes_back_off():
             gaps.append(since)
             since = 0
     assert gaps == [16, 32, 64]  # each failed probe doubles the wait: probes cost ever less
+
+
+def test_sampling_under_token_healing_follows_the_targets_constrained_distribution():
+    """What `step` does with `heal`: the target's logits are masked, then the usual rejection rule
+    runs, so a draft that mostly proposes tokens the constraint forbids is rejected, and the
+    first token follows the target's distribution renormalised over the allowed tokens."""
+    from codespec_lsp.engine.heal import Heal
+    texts = ["", " a", " b", "x", " ", "y"]        # id 0 special; heal " " allows 1, 2 and 4
+    heal = Heal(texts, " ")
+    logits = torch.log(torch.tensor([[0.05, 0.10, 0.05, 0.40, 0.20, 0.20], [1 / 6] * 6]))
+    q = torch.tensor([[0.0, 0.10, 0.10, 0.40, 0.10, 0.30]])
+    gen = torch.Generator().manual_seed(0)
+    trials, counts = 20000, torch.zeros(6)
+    for _ in range(trials):
+        x = int(torch.multinomial(q[0], 1, generator=gen))
+        p = adjust_probs(heal.mask(logits, [x]), 1.0, 1.0)
+        n, nxt = verify_sampled(p, q, [x], gen)
+        counts[x if n == 1 else nxt] += 1
+    want = torch.tensor([0.0, 0.10, 0.05, 0.0, 0.20, 0.0]) / 0.35
+    got = counts / trials
+    assert counts[[0, 3, 5]].sum() == 0                     # nothing the constraint forbids
+    assert 0.5 * float((got - want).abs().sum()) < 0.015, (got, want)
