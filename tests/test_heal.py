@@ -26,7 +26,7 @@ def healed_reference(target, engine, ids: list[int], heal: str, n: int) -> list[
     """The target's own greedy decoding under the constraint, by hand: while part of `heal` is
     still to come, only tokens whose text starts with the rest, or is a non-empty prefix of it;
     when `heal` ends in indentation, a token covering it does not go on with a space or tab."""
-    texts, rest, out = engine.token_texts, heal, []
+    texts, rest, out = engine.heal_vocab.texts, heal, []
     indent = heal.rsplit("\n", 1)[-1] != "" and not heal.rsplit("\n", 1)[-1].strip()
 
     def allowed(t: str) -> bool:
@@ -108,3 +108,14 @@ def test_sampled_text_always_re_types_heal(parts):
             assert result.text.startswith(heal) or heal.startswith(result.text), (prompt, seed, result.text)
             if heal.rsplit("\n", 1)[-1].strip() == "" and result.text.startswith(heal):
                 assert result.text[len(heal):len(heal) + 1] not in (" ", "\t")  # indent as typed
+
+
+def test_allowed_masks_are_computed_once_per_vocabulary_not_per_request():
+    """Every keystroke in one word heals the same text: its mask (a pass over the vocabulary) is
+    reused by the next request, and the indentation rule keeps its own mask."""
+    from codespec_lsp.engine.heal import Heal, HealVocab
+    vocab = HealVocab(["", " a", "  ", "x"])
+    first, second = Heal(vocab, " "), Heal(vocab, " ")
+    assert first.allowed(" ") is second.allowed(" ")
+    assert first.allowed(" ").tolist() == [False, True, False, False]  # typed indent: no longer one
+    assert Heal(vocab, "a ").allowed(" ").tolist() == [False, True, True, False]  # mid-line: any

@@ -111,9 +111,9 @@ def test_sampling_under_token_healing_follows_the_targets_constrained_distributi
     """What `step` does with `heal`: the target's logits are masked, then the usual rejection rule
     runs, so a draft that mostly proposes tokens the constraint forbids is rejected, and the
     first token follows the target's distribution renormalised over the allowed tokens."""
-    from codespec_lsp.engine.heal import Heal
+    from codespec_lsp.engine.heal import Heal, HealVocab
     texts = ["", " a", " b", "x", " ", "y"]        # id 0 special; heal " " allows 1, 2 and 4
-    heal = Heal(texts, " ")
+    heal = Heal(HealVocab(texts), " ")
     logits = torch.log(torch.tensor([[0.05, 0.10, 0.05, 0.40, 0.20, 0.20], [1 / 6] * 6]))
     q = torch.tensor([[0.0, 0.10, 0.10, 0.40, 0.10, 0.30]])
     gen = torch.Generator().manual_seed(0)

@@ -23,7 +23,7 @@ from codespec_lsp.engine.adaptive import KController, VerifyTimes  # noqa: F401 
 from codespec_lsp.engine.api import (CancelToken, Generation, GenerationError, GenerationResult,
                                      fim_tokens_of)
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
-from codespec_lsp.engine.heal import Heal, token_texts
+from codespec_lsp.engine.heal import Heal, HealVocab, token_texts
 from codespec_lsp.engine.kvcache import PrefixCache
 from codespec_lsp.engine.speculative import K_MAX, step
 PREFILL_RESERVE = 64 + K_MAX + 1  # room kept after the prompt: prefill and generate cut alike
@@ -60,7 +60,7 @@ class Engine:
                  for h in hf.install_cancel_check(m, lambda: (should_stop() or (lambda: False))())]
         weakref.finalize(self, lambda: [h.remove() for h in hooks])
         self.target_forward_s: deque[float] = deque(maxlen=512)  # recent target forward times
-        self._token_texts: list[str] | None = None
+        self._heal_vocab: HealVocab | None = None
 
     def reset_adaptive(self) -> None:
         """Adaptive K from its priors again (benchmarks measure a fresh start on each corpus)."""
@@ -104,11 +104,11 @@ class Engine:
             self.model_drafter.prefix_cache.clear()
 
     @property
-    def token_texts(self) -> list[str]:
-        """Each id's text (token healing's constraint reads it); computed on first use."""
-        if self._token_texts is None:
-            self._token_texts = token_texts(self.tokenizer, self.vocab_size)
-        return self._token_texts
+    def heal_vocab(self) -> HealVocab:
+        """Each id's text and the masks token healing reads from it; made on first use."""
+        if self._heal_vocab is None:
+            self._heal_vocab = HealVocab(token_texts(self.tokenizer, self.vocab_size))
+        return self._heal_vocab
 
     def set_prefix_cache(self, enabled: bool) -> None:
         """Benchmarks compare against a cold start; the server always keeps it on."""
@@ -216,7 +216,7 @@ class Engine:
             device = next(self.target_model.parameters()).device
             generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
             sampling = Sampling(temperature, top_p, generator)
-        healing = Heal(self.token_texts, heal) if heal else None
+        healing = Heal(self.heal_vocab, heal) if heal else None
         sources = self.sources(speculative, drafter)
         draft_forwards_before = sum(s.forwards for s in sources)
 

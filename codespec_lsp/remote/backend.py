@@ -29,7 +29,7 @@ from dataclasses import fields
 from typing import Any
 
 from codespec_lsp.engine.api import CancelToken, GenerationResult, fim_tokens_of
-from codespec_lsp.engine.heal import Heal, token_texts
+from codespec_lsp.engine.heal import Heal, HealVocab, token_texts
 from codespec_lsp.remote.client import (ServerClient, ServerInfo, ServerProblem, parse_chunk,
                                         top_logprobs)
 from codespec_lsp.remote.metrics import server_rates
@@ -296,7 +296,7 @@ class RemoteBackend:
         self._metrics_at = 0.0
         self._metrics_future: concurrent.futures.Future | None = None
         self.text_warning_given = False
-        self._token_texts: list[str] | None = None
+        self._heal_vocab: HealVocab | None = None
 
     # ------------------------------------------------------------ facts
 
@@ -308,10 +308,10 @@ class RemoteBackend:
         return self.local_tokenizer is not None and self.kind == "vllm"
 
     @property
-    def token_texts(self) -> list[str]:
-        if self._token_texts is None:
-            self._token_texts = token_texts(self.local_tokenizer, len(self.local_tokenizer))
-        return self._token_texts
+    def heal_vocab(self) -> HealVocab:
+        if self._heal_vocab is None:
+            self._heal_vocab = HealVocab(token_texts(self.local_tokenizer, len(self.local_tokenizer)))
+        return self._heal_vocab
 
     @property
     def tokenizer(self) -> Any:
@@ -525,7 +525,7 @@ class RemoteBackend:
             request = dict(prompt=ids, max_tokens=max_new_tokens, temperature=temperature,
                            top_p=top_p, seed=seed)
             if heal and self.supports_heal:
-                request["heal"] = Heal(self.token_texts, heal)
+                request["heal"] = Heal(self.heal_vocab, heal)
         gen = RemoteGeneration(self, ids, request, cancel, key)
         if key is not None and request is not None:
             with self._open_lock:
