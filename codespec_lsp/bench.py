@@ -7,8 +7,11 @@ What each field means (the README quotes these):
   speedup                       target-only decode wall / speculative decode wall, same points,
                                 both with the prompt already in the KV cache, order alternated,
                                 the faster of two runs per point and mode
-  next_token_accuracy           the target's greedy next-token accuracy, teacher-forced, held-out
+  next_token_accuracy           the target's greedy next-token accuracy, teacher-forced, held-out,
+                                over 512-token windows
   unigram_accuracy              always guessing the held-out set's own most frequent token
+  prompt_window_tokens          the prefix budget the server gives this model (default settings)
+  next_token_accuracy_prompt_window   the same accuracy over windows of that many tokens
   prefill_tokens_per_keystroke  mean prompt tokens run per keystroke while typing one character
                                 at a time at a 512+ token context (the first request excluded)
   ..._nocache                   the same replay with the prefix cache off
@@ -35,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from codespec_lsp.config import default_context_tokens
+from codespec_lsp.config import Settings, default_context_tokens
 from codespec_lsp.context import ContextBuilder
 from codespec_lsp.engine import hf
 from codespec_lsp.complete import run
@@ -234,6 +237,11 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
                   **speed(engine, completion_points(corpus_files(second_corpus), points, engine), max_tokens)}
 
     accuracy, unigram = next_token_accuracy(engine, files)
+    # Completion prompts run far longer than 512 tokens; a model trained on short windows loses
+    # accuracy past them (RoPE positions it never saw), which the 512 figure alone would hide.
+    prompt_window = default_context_tokens(engine.context_window, Settings().max_tokens)
+    accuracy_long, _ = next_token_accuracy(engine, files, window=prompt_window,
+                                           max_windows=max(1, 512 * 24 // prompt_window))
 
     text = max((f.read_text(encoding="utf-8") for f in files), key=len)
     at = len(text) // 2
@@ -251,6 +259,8 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
         **main,
         "next_token_accuracy": round(accuracy, 4),
         "unigram_accuracy": round(unigram, 4),
+        "prompt_window_tokens": prompt_window,
+        "next_token_accuracy_prompt_window": round(accuracy_long, 4),
         "prefill_tokens_per_keystroke": round(statistics.mean(cached), 2),
         "prefill_tokens_per_keystroke_nocache": round(statistics.mean(uncached), 1),
         "cancel_latency_ms_p95": round(percentile(latencies, 0.95), 2),

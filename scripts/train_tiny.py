@@ -1,7 +1,8 @@
 """Train the embedded model pair (codespec_lsp/models/tiny/{target,draft}) from scratch, offline.
 
 Data: the .py files of the running Python's standard library (PSF licence), minus its test
-suites and minus the modules copied into benchmarks/corpus/ (the held-out set the benchmarks use).
+suites, minus the modules copied into benchmarks/corpus/ (the held-out set the benchmarks use)
+and minus lib2to3 (benchmarks/heldout/ holds modules of it, for `bench quality`).
 Steps, all seeded, so a rerun on the same Python gives the same models up to CPU float noise:
   1. a byte-level BPE tokenizer (4096 ids) shared by both models — one tokenizer is what makes
      the pair a valid speculative pair at all;
@@ -15,9 +16,13 @@ Steps, all seeded, so a rerun on the same Python gives the same models up to CPU
     python scripts/train_tiny.py --continue-target --target-steps 650 --draft-steps 0
     python scripts/train_tiny.py --continue-target --target-steps 0 --draft-steps 300
     python scripts/train_tiny.py --continue-target --target-steps 1000 --target-lr 2e-3 --draft-steps 300
+    python scripts/train_tiny.py --continue-target --target-steps 800 --target-lr 6e-4 --seq 2048 --batch 2 --draft-steps 0
+    python scripts/train_tiny.py --continue-target --target-steps 800 --target-lr 6e-4 --seq 2048 --batch 2 --draft-steps 300 --continue-draft
 (a continued phase trains the saved target further and, unless --draft-steps 0, distils a fresh
-draft from it; each phase draws its own windows, seeded by how many phases came before;
-codespec_lsp/models/tiny/TRAINING.json records every phase and its minutes)
+draft from it, or with --continue-draft the saved one further; each phase draws its own windows,
+seeded by how many phases came before; codespec_lsp/models/tiny/TRAINING.json records every phase
+and its minutes). The last two phases train on 2048-token windows: the server's prompts reach
+1,536 tokens, and a model that only ever saw 512 positions lost a fifth of its accuracy past them.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import argparse
 import json
 import math
 import random
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -53,6 +59,7 @@ DRAFT = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=2,
 def training_files() -> list[Path]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     held_out = {p.name for p in HELD_OUT.glob("*.py")}
+    # lib2to3 is held out: benchmarks/heldout/ (bench quality) is made of its modules.
     skip_dirs = {"site-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3"}
     files = []
     for path in sorted(stdlib.rglob("*.py")):
@@ -104,11 +111,11 @@ def encode_stream(texts: list[str], tokenizer: PreTrainedTokenizerFast) -> torch
     return torch.tensor(ids, dtype=torch.long)
 
 
-def batches(stream: torch.Tensor, bos: int, batch: int, rng: random.Random):
+def batches(stream: torch.Tensor, bos: int, batch: int, rng: random.Random, seq: int = SEQ):
     # Every window starts with BOS, as every prompt the engine builds does.
     while True:
-        starts = [rng.randrange(0, len(stream) - SEQ) for _ in range(batch)]
-        body = torch.stack([stream[s:s + SEQ - 1] for s in starts])
+        starts = [rng.randrange(0, len(stream) - seq) for _ in range(batch)]
+        body = torch.stack([stream[s:s + seq - 1] for s in starts])
         yield torch.cat([torch.full((batch, 1), bos), body], dim=1)
 
 
@@ -155,13 +162,14 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 40) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))) + peak * 0.02
 
 
-def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = "") -> None:
+def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = "",
+          warmup: int = 40) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
     t0 = time.time()
     for step in range(steps):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, peak_lr)
+            group["lr"] = lr_at(step, steps, peak_lr, warmup)
         x = next(data)
         logits = model(x[:, :-1]).logits
         ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
@@ -180,6 +188,14 @@ def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = ""
             print(f"{label} step {step}/{steps} loss {loss.item():.3f} ce {ce.item():.3f} "
                   f"{time.time() - t0:.0f}s", flush=True)
     model.eval()
+
+
+def recipe_argv(argv: list[str]) -> list[str]:
+    """The phase's options without --out: where a run wrote is not part of the recipe."""
+    if "--out" in argv:
+        at = argv.index("--out")
+        argv = argv[:at] + argv[at + 2:]
+    return [a for a in argv if not a.startswith("--out=")]
 
 
 def save(model, tokenizer, folder: Path) -> None:
@@ -203,6 +219,11 @@ def main() -> None:
                              "distil a new draft from it")
     parser.add_argument("--target-lr", type=float, default=None,
                         help="peak LR for the target (default 3e-3 fresh, 1.5e-3 continued)")
+    parser.add_argument("--seq", type=int, default=SEQ,
+                        help="training window in tokens (the engine's prompts reach 2048)")
+    parser.add_argument("--warmup", type=int, default=40, help="linear LR warm-up steps")
+    parser.add_argument("--continue-draft", action="store_true",
+                        help="distil the saved draft further (peak LR 1.5e-3) instead of a fresh one")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -227,27 +248,38 @@ def main() -> None:
     print(f"{len(stream) / 1e6:.2f} M tokens, {time.time() - t_start:.0f}s", flush=True)
 
     if args.target_steps:
-        train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng), args.target_steps,
-              peak_lr, label="target")
+        train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng, args.seq),
+              args.target_steps, peak_lr, label="target", warmup=args.warmup)
         save(target, tokenizer, args.out / "target")
     target_minutes = (time.time() - t_start) / 60
 
     if args.draft_steps:
-        draft = LlamaForCausalLM(config_for(DRAFT, tokenizer))
+        if args.continue_draft:
+            draft = LlamaForCausalLM.from_pretrained(args.out / "draft", dtype=torch.float32)
+        else:
+            draft = LlamaForCausalLM(config_for(DRAFT, tokenizer))
         target.requires_grad_(False)
         # Half the steps on human-written windows, half on windows the target finished itself.
-        data = alternate(batches(stream, tokenizer.bos_token_id, args.batch, rng),
+        data = alternate(batches(stream, tokenizer.bos_token_id, args.batch, rng, args.seq),
                          target_written_batches(target, texts, tokenizer, args.batch, rng))
-        train(draft, data, args.draft_steps, 4e-3, teacher=target, label="draft")
+        train(draft, data, args.draft_steps, 1.5e-3 if args.continue_draft else 4e-3,
+              teacher=target, label="draft", warmup=args.warmup)
         save(draft, tokenizer, args.out / "draft")
 
+    for phase in record["phases"]:  # earlier phases shared one batch and window, kept at the top
+        phase.setdefault("batch", record.get("batch", args.batch))
+        phase.setdefault("seq", record.get("seq", SEQ))
+    record.pop("batch", None)
+    record.pop("seq", None)
     record.update({
-        "data": "CPython standard library .py files (PSF licence), tests and held-out modules excluded",
+        "data": "CPython standard library .py files (PSF licence), tests, lib2to3 and held-out modules excluded",
         "python": sysconfig.get_python_version(), "files": len(texts), "tokens": len(stream),
-        "batch": args.batch, "seq": SEQ, "seed": args.seed, "threads": args.threads,
+        "seed": args.seed, "threads": args.threads,
     })
     record["phases"].append({
         "command": "continue" if args.continue_target else "fresh",
+        "argv": " ".join(recipe_argv(sys.argv[1:])), "batch": args.batch, "seq": args.seq,
+        "warmup": args.warmup, "continue_draft": args.continue_draft,
         "target_steps": args.target_steps, "target_peak_lr": peak_lr,
         "draft_steps": args.draft_steps,
         "target_minutes": round(target_minutes, 1),

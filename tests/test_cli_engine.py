@@ -17,6 +17,7 @@ DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 BENCH_FIELDS = ["preset", "device", "points", "lossless", "acceptance_rate",
                 "tokens_per_target_forward", "speedup", "time_split_s", "time_split_per_request_ms",
                 "next_token_accuracy", "unigram_accuracy",
+                "prompt_window_tokens", "next_token_accuracy_prompt_window",
                 "prefill_tokens_per_keystroke", "prefill_tokens_per_keystroke_nocache",
                 "cancel_latency_ms_p95", "target_forward_ms_p50", "second_corpus"]
 
@@ -55,6 +56,8 @@ def test_bench_engine_fields_and_invariants():
     assert all(v >= 0.0 for d in split.values() for v in d.values())
     assert 0.0 <= out["acceptance_rate"] <= 1.0 and out["tokens_per_target_forward"] >= 1.0
     assert out["next_token_accuracy"] > out["unigram_accuracy"] > 0
+    assert out["prompt_window_tokens"] > 512  # the length completion prompts really reach
+    assert out["next_token_accuracy_prompt_window"] > out["unigram_accuracy"]
     assert out["prefill_tokens_per_keystroke"] < out["prefill_tokens_per_keystroke_nocache"]
     assert out["prefill_tokens_per_keystroke_nocache"] >= 512
     second = out["second_corpus"]  # a project the pair was not tuned on: lib2to3

@@ -35,7 +35,7 @@ NPM = shutil.which("npm")
 
 SOURCE = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 TYPE_SLOW = "    if n"
-TYPE_FAST = "    result = fibonacci(n - 1) + fib"
+TYPE_FAST = "    result = fibonacci(n - 1) + fibonacci("
 WAIT_MS = 240_000
 
 
