@@ -119,3 +119,17 @@ def test_allowed_masks_are_computed_once_per_vocabulary_not_per_request():
     assert first.allowed(" ") is second.allowed(" ")
     assert first.allowed(" ").tolist() == [False, True, False, False]  # typed indent: no longer one
     assert Heal(vocab, "a ").allowed(" ").tolist() == [False, True, True, False]  # mid-line: any
+
+
+def test_allowed_masks_are_copied_to_the_logits_device_once(monkeypatch):
+    """On a GPU the mask is applied to logits there: the copy is kept too, and made from the kept
+    CPU mask, not by another pass over the vocabulary ("meta" stands in for a GPU here)."""
+    from codespec_lsp.engine import heal
+    vocab = heal.HealVocab(["", " a", "  ", "x"])
+    on_cpu = vocab.allowed(" ", True)
+    passes = []
+    monkeypatch.setattr(heal, "advance", lambda *a: passes.append(a))
+    on_device = vocab.allowed(" ", True, "meta")
+    assert on_device.device.type == "meta" and on_device.shape == on_cpu.shape
+    assert vocab.allowed(" ", True, torch.device("meta")) is on_device
+    assert vocab.allowed(" ", True, "cpu") is on_cpu and passes == []

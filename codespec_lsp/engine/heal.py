@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from cachetools import LRUCache
 
-MASKS_KEPT = 64  # distinct (rest, indent) pairs kept; a [V] bool mask each (32 KB at 32,000 ids)
+MASKS_KEPT = 64  # (rest, indent, device) masks kept; a [V] bool mask each (32 KB at 32,000 ids)
 
 
 def token_texts(tokenizer, vocab_size: int) -> list[str]:
@@ -43,17 +43,22 @@ def advance(rest: str, text: str, indent: bool = False) -> str | None:
 class HealVocab:
     """A backend's id texts and the allowed-token masks read from them. A mask is a pass over the
     whole vocabulary (~13 ms in Python at 32,000 ids), and keystrokes in one word or after one
-    indentation heal the same text again and again, so masks are kept across requests."""
+    indentation heal the same text again and again, so masks are kept across requests, and on
+    the device the logits live on (a GPU step would otherwise copy the mask there each time)."""
 
     def __init__(self, texts: list[str]) -> None:
         self.texts = texts
         self._masks: LRUCache = LRUCache(maxsize=MASKS_KEPT)
 
-    def allowed(self, rest: str, indent: bool) -> torch.Tensor:
-        """[V] bool: the ids a token may take while `rest` is still to be re-typed."""
-        key = (rest, indent)
+    def allowed(self, rest: str, indent: bool, device: torch.device | str = "cpu") -> torch.Tensor:
+        """[V] bool on `device`: the ids a token may take while `rest` is still to be re-typed."""
+        key = (rest, indent, torch.device(device))
         if key not in self._masks:
-            self._masks[key] = torch.tensor([advance(rest, t, indent) is not None for t in self.texts])
+            on_cpu = (rest, indent, torch.device("cpu"))
+            if on_cpu not in self._masks:
+                self._masks[on_cpu] = torch.tensor([advance(rest, t, indent) is not None
+                                                    for t in self.texts])
+            self._masks[key] = self._masks[on_cpu].to(key[2])
         return self._masks[key]
 
 
@@ -65,8 +70,8 @@ class Heal:
         tail = heal.rsplit("\n", 1)[-1]
         self.indent = bool(tail) and not tail.strip()  # the cursor is right after indentation
 
-    def allowed(self, rest: str) -> torch.Tensor:
-        return self.vocab.allowed(rest, self.indent)
+    def allowed(self, rest: str, device: torch.device | str = "cpu") -> torch.Tensor:
+        return self.vocab.allowed(rest, self.indent, device)
 
     def mask(self, logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
         """logits [K+1, V]: row i (the token after drafted[:i]) keeps only allowed tokens."""
@@ -76,7 +81,7 @@ class Heal:
                 break
             if out is logits:
                 out = logits.clone()
-            out[i].masked_fill_(~self.allowed(rest).to(logits.device), float("-inf"))
+            out[i].masked_fill_(~self.allowed(rest, logits.device), float("-inf"))
             if i < len(drafted):
                 rest = advance(rest, self.vocab.texts[drafted[i]], self.indent)
                 if rest is None:
