@@ -22,7 +22,7 @@ Steps, all seeded, so a rerun on the same Python gives the same models up to CPU
 draft from it, or with --continue-draft the saved one further; each phase draws its own windows,
 seeded by how many phases came before; codespec_lsp/models/tiny/TRAINING.json records every phase
 and its minutes). The last two phases train on 2048-token windows: the server's prompts reach
-1,536 tokens, and a model that only ever saw 512 positions lost a fifth of its accuracy past them.
+~1,500 tokens, and a model that only ever saw 512 positions lost a fifth of its accuracy past them.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def main() -> None:
     parser.add_argument("--target-lr", type=float, default=None,
                         help="peak LR for the target (default 3e-3 fresh, 1.5e-3 continued)")
     parser.add_argument("--seq", type=int, default=SEQ,
-                        help="training window in tokens (the engine's prompts reach 2048)")
+                        help="training window in tokens (the server's prompts reach ~1,500)")
     parser.add_argument("--warmup", type=int, default=40, help="linear LR warm-up steps")
     parser.add_argument("--continue-draft", action="store_true",
                         help="distil the saved draft further (peak LR 1.5e-3) instead of a fresh one")
