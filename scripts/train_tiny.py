@@ -31,7 +31,6 @@ import argparse
 import json
 import math
 import random
-import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -190,14 +189,6 @@ def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = ""
     model.eval()
 
 
-def recipe_argv(argv: list[str]) -> list[str]:
-    """The phase's options without --out: where a run wrote is not part of the recipe."""
-    if "--out" in argv:
-        at = argv.index("--out")
-        argv = argv[:at] + argv[at + 2:]
-    return [a for a in argv if not a.startswith("--out=")]
-
-
 def save(model, tokenizer, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     # fp16 on disk keeps the pair under 25 MB; the loader upcasts to fp32 on CPU.
@@ -266,11 +257,6 @@ def main() -> None:
               teacher=target, label="draft", warmup=args.warmup)
         save(draft, tokenizer, args.out / "draft")
 
-    for phase in record["phases"]:  # earlier phases shared one batch and window, kept at the top
-        phase.setdefault("batch", record.get("batch", args.batch))
-        phase.setdefault("seq", record.get("seq", SEQ))
-    record.pop("batch", None)
-    record.pop("seq", None)
     record.update({
         "data": "CPython standard library .py files (PSF licence), tests, lib2to3 and held-out modules excluded",
         "python": sysconfig.get_python_version(), "files": len(texts), "tokens": len(stream),
@@ -278,7 +264,7 @@ def main() -> None:
     })
     record["phases"].append({
         "command": "continue" if args.continue_target else "fresh",
-        "argv": " ".join(recipe_argv(sys.argv[1:])), "batch": args.batch, "seq": args.seq,
+        "batch": args.batch, "seq": args.seq,
         "warmup": args.warmup, "continue_draft": args.continue_draft,
         "target_steps": args.target_steps, "target_peak_lr": peak_lr,
         "draft_steps": args.draft_steps,
