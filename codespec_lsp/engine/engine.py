@@ -11,6 +11,7 @@ Contracts:
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections import deque
@@ -60,7 +61,6 @@ class Engine:
                  for h in hf.install_cancel_check(m, lambda: (should_stop() or (lambda: False))())]
         weakref.finalize(self, lambda: [h.remove() for h in hooks])
         self.target_forward_s: deque[float] = deque(maxlen=512)  # recent target forward times
-        self._heal_vocab: HealVocab | None = None
 
     def reset_adaptive(self) -> None:
         """Adaptive K from its priors again (benchmarks measure a fresh start on each corpus)."""
@@ -103,12 +103,10 @@ class Engine:
         if self.model_drafter is not None:
             self.model_drafter.prefix_cache.clear()
 
-    @property
+    @functools.cached_property
     def heal_vocab(self) -> HealVocab:
         """Each id's text and the masks token healing reads from it; made on first use."""
-        if self._heal_vocab is None:
-            self._heal_vocab = HealVocab(token_texts(self.tokenizer, self.vocab_size))
-        return self._heal_vocab
+        return HealVocab(token_texts(self.tokenizer, self.vocab_size))
 
     def set_prefix_cache(self, enabled: bool) -> None:
         """Benchmarks compare against a cold start; the server always keeps it on."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -296,7 +297,6 @@ class RemoteBackend:
         self._metrics_at = 0.0
         self._metrics_future: concurrent.futures.Future | None = None
         self.text_warning_given = False
-        self._heal_vocab: HealVocab | None = None
 
     # ------------------------------------------------------------ facts
 
@@ -307,11 +307,9 @@ class RemoteBackend:
         suggestion after e.g. a trailing space may differ from the in-process engine's."""
         return self.local_tokenizer is not None and self.kind == "vllm"
 
-    @property
+    @functools.cached_property
     def heal_vocab(self) -> HealVocab:
-        if self._heal_vocab is None:
-            self._heal_vocab = HealVocab(token_texts(self.local_tokenizer, len(self.local_tokenizer)))
-        return self._heal_vocab
+        return HealVocab(token_texts(self.local_tokenizer, len(self.local_tokenizer)))
 
     @property
     def tokenizer(self) -> Any:
