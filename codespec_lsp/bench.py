@@ -217,8 +217,9 @@ def speed(engine: Engine, prompts: list[str], max_tokens: int, repeats: int = 2)
         "tokens_per_target_forward": round(spec_tokens / max(spec_forwards, 1), 3),
         "speedup": round(wall["target"] / wall["spec"], 3),
         "time_split_s": {m: {k: round(v, 4) for k, v in d.items()} for m, d in split.items()},
-        "time_split_per_request_ms": {m: {k: round(v * 1000 / len(prompts), 3) for k, v in d.items()}
-                                      for m, d in split.items()},
+        "time_split_per_request_ms": {
+            m: {k.removesuffix("_s") + "_ms": round(v * 1000 / len(prompts), 3) for k, v in d.items()}
+            for m, d in split.items()},
     }
 
 

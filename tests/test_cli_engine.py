@@ -53,6 +53,9 @@ def test_bench_engine_fields_and_invariants():
     assert out["lossless"] is True
     split = out["time_split_s"]
     assert split["target"]["draft_s"] == 0.0 and split["spec"]["verify_s"] > 0.0
+    per_request = out["time_split_per_request_ms"]
+    assert per_request["spec"]["verify_ms"] > 0.0 and set(per_request["target"]) == {
+        "prefill_ms", "draft_ms", "verify_ms", "other_ms"}
     assert all(v >= 0.0 for d in split.values() for v in d.values())
     assert 0.0 <= out["acceptance_rate"] <= 1.0 and out["tokens_per_target_forward"] >= 1.0
     assert out["next_token_accuracy"] > out["unigram_accuracy"] > 0
