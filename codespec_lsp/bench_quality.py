@@ -3,6 +3,10 @@
 Completion points are drawn (seeded) from held-out files, half at a line start after its
 indentation and half mid-line (at least one character typed on the line, at least one left), and
 answered by `complete.complete_at` with the server's default settings: what an editor is shown.
+The document it is asked on is the file as it stood while that line was being typed: the rest of
+the cursor's line is not there yet (lines below are). Left in place, the real rest of the line
+would sit right of the cursor, and a suggestion that typed it would be dropped for re-typing the
+suffix, as an editor must: the bench would score the server for the one answer it may not give.
 Each suggestion is scored against the code that really follows the cursor.
 
 Fields (the README quotes these):
@@ -50,6 +54,12 @@ class Point:
     source: str
     offset: int
     kind: str  # "line_start" | "mid_line"
+
+    @property
+    def document(self) -> str:
+        """The file while the cursor's line is being typed: that line ends at the cursor."""
+        end = self.source.find("\n", self.offset)
+        return self.source[:self.offset] + (self.source[end:] if end != -1 else "")
 
 
 def quality_points(files: list[Path], n: int, seed: int = 0, skip_lines: int = 20) -> list[Point]:
@@ -151,7 +161,7 @@ def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, se
     for i, point in enumerate(quality_points(files, points, seed)):
         key = f"{point.path}#{i}"  # a fresh document per point: no prompt cut carried over
         with _finalize_calls() as calls:
-            result, text = complete_at(engine, builder, key, point.source, point.offset,
+            result, text = complete_at(engine, builder, key, point.document, point.offset,
                                        max_tokens=settings.max_tokens,
                                        min_confidence=min_confidence)
         scores.append(score(point, text))

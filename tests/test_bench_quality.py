@@ -127,3 +127,31 @@ def test_a_sweep_rescores_the_same_generations(tmp_path, monkeypatch):
     assert all(s["points"] == 6 for s in by.values())
     shown = [by[t]["shown_rate"] for t in sweep]
     assert shown == sorted(shown, reverse=True)  # a stricter threshold never shows more
+
+
+def test_a_point_is_asked_on_the_file_as_it_stood_while_its_line_was_typed():
+    offset = SOURCE.index("found.append(item)") + len("found.app")
+    doc = Point("a.py", SOURCE, offset, "mid_line").document
+    # the line ends at the cursor; everything above and below is there
+    assert doc == SOURCE[:offset] + SOURCE[SOURCE.index("\n", offset):]
+    assert doc.split("\n")[-3:] == ["        found.app", "    return found", ""]
+    last = len(SOURCE) - 1  # a point on a last line with no newline after it
+    assert Point("a.py", SOURCE[:-1], last - 3, "mid_line").document == SOURCE[:last - 3]
+
+
+def test_a_model_that_types_the_real_code_scores_every_point_exact(tmp_path):
+    """The bench asks before the line is typed: an oracle's suggestion is the real line, not a
+    re-typing of a suffix already in the document (which the server must drop)."""
+    from codespec_lsp.bench_quality import quality_bench
+    from tests.fake_engine import FakeEngine
+
+    (tmp_path / "a.py").write_text(SOURCE)
+
+    def oracle(prompt: str) -> str:
+        tail = prompt[-40:]
+        assert SOURCE.count(tail) == 1
+        return SOURCE[SOURCE.index(tail) + len(tail):]
+    got = quality_bench(FakeEngine(oracle), corpus=tmp_path, points=8)
+    assert got["points"] == 8
+    assert got["shown_rate"] == 1.0 and got["exact_line"] == 1.0 and got["edit_similarity"] == 1.0
+    assert got["prefix_match_chars"] >= 4
