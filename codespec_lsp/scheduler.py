@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 PREFIX_KEY_CHARS = 4096   # text before the cursor that identifies a cached suggestion
 SUFFIX_KEY_CHARS = 512
+_CLOSERS = ")]}\"'`"     # what editors insert right of the cursor when an opener is typed
 
 
 # ---------------------------------------------------------------- debounce
@@ -118,17 +119,31 @@ class CompletionCache:
         key = self._key(uri, source, offset)
         if (hit := self._lru.get(key)) is not None:
             return hit.text, "repeat"
-        suffix_hash = key[2]
+        # Typing `(` or `"` through a suggestion makes most editors insert the closer too, so
+        # the text right of the cursor may have grown by closers: suffix hashes past each of them.
+        run = len(source[offset:offset + 8]) - len(source[offset:offset + 8].lstrip(_CLOSERS))
+        suffix_hashes = {hash(source[offset + k:offset + k + SUFFIX_KEY_CHARS]): k
+                         for k in range(run, -1, -1)}
         for old in reversed(self._recent.get(uri, ())):
             entry = self._lru.get(old)
-            if entry is None or not entry.text or entry.offset >= offset or old[2] != suffix_hash:
+            if entry is None or not entry.text or entry.offset >= offset:
+                continue
+            if (closers := suffix_hashes.get(old[2])) is None:
                 continue
             typed = source[entry.offset:offset]
             if len(typed) >= len(entry.text) or not entry.text.startswith(typed):
                 continue
             if hash(source[max(0, entry.offset - PREFIX_KEY_CHARS):entry.offset]) != old[1]:
                 continue
-            return entry.text[len(typed):], "typing_through"
+            rest = entry.text[len(typed):]
+            if closers:
+                # Only when the rest, on this line, ends with those very closers: then it stops
+                # before them and accepting it leaves exactly the suggested text.
+                auto = source[offset:offset + closers]
+                if "\n" in rest or not rest.endswith(auto) or len(rest) == closers:
+                    continue
+                rest = rest[:-closers]
+            return rest, "typing_through"
         return None
 
     def forget(self, uri: str) -> None:

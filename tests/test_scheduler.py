@@ -274,6 +274,33 @@ def test_cache_repeat_and_typing_through():
     assert c.get("u", "x = value + 1\nprint(x)\n", 13) is None  # typed it all: nothing left
 
 
+def test_typing_through_an_opener_the_editor_closed():
+    c = CompletionCache()
+    below = "\nprint(y)\n"
+    c.put("u", "y = " + below, 4, 'open("data.txt")')
+    # the user types `open(`; the editor adds `)` right of the cursor
+    assert c.get("u", "y = open()" + below, 9) == ('"data.txt"', "typing_through")
+    # then `"`, auto-closed too: the rest stops before both closers
+    shown = c.get("u", 'y = open("")' + below, 10)
+    assert shown == ("data.txt", "typing_through")
+    # accepting what is shown leaves exactly the suggested line
+    assert 'y = open("' + shown[0] + '")' == 'y = open("data.txt")'
+    # typed to the closers: nothing is left to show
+    assert c.get("u", 'y = open("data.txt")' + below, 19) is None
+
+
+def test_typing_through_closers_only_where_the_suggestion_ends_with_them():
+    c = CompletionCache()
+    c.put("u", "y = \n", 4, "f(a) or b")
+    assert c.get("u", "y = f()\n", 6) is None       # the rest goes on past the `)`
+    c.put("u", "z = \n", 4, "g(a)\nh(b)")
+    assert c.get("u", "z = g()\n", 6) is None       # a closer on another line of the rest
+    c.put("u", "w = \n", 4, "k()")
+    assert c.get("u", "w = k()\n", 6) is None       # nothing left but the closer itself
+    c.put("u", "v = \n", 4, "m(a)")
+    assert c.get("u", "v = m(]\n", 6) is None       # not the closer the suggestion writes
+
+
 def test_cache_is_bounded():
     c = CompletionCache(maxsize=4)
     for i in range(50):
