@@ -161,8 +161,14 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 40) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))) + peak * 0.02
 
 
+def autocast(bf16: bool):
+    """bf16 autocast: weights, optimizer state and the loss stay fp32; only the matmuls run in
+    bf16, which CPUs with AVX-512 BF16 do about twice as fast (a training step ~1.6x)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+
+
 def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = "",
-          warmup: int = 40) -> None:
+          warmup: int = 40, bf16: bool = False) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
     t0 = time.time()
@@ -170,12 +176,13 @@ def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = ""
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, peak_lr, warmup)
         x = next(data)
-        logits = model(x[:, :-1]).logits
+        with autocast(bf16):
+            logits = model(x[:, :-1]).logits.float()
         ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
         loss = ce
         if teacher is not None:
-            with torch.no_grad():
-                teacher_logp = F.log_softmax(teacher(x[:, :-1]).logits, dim=-1)
+            with torch.no_grad(), autocast(bf16):
+                teacher_logp = F.log_softmax(teacher(x[:, :-1]).logits.float(), dim=-1)
             kl = F.kl_div(F.log_softmax(logits, dim=-1), teacher_logp, log_target=True,
                           reduction="batchmean") / x.size(1)
             loss = 0.8 * kl + 0.2 * ce
@@ -215,6 +222,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=40, help="linear LR warm-up steps")
     parser.add_argument("--continue-draft", action="store_true",
                         help="distil the saved draft further (peak LR 1.5e-3) instead of a fresh one")
+    parser.add_argument("--bf16", action="store_true",
+                        help="bf16 autocast for the forward passes (fp32 weights and loss)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -240,7 +249,7 @@ def main() -> None:
 
     if args.target_steps:
         train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng, args.seq),
-              args.target_steps, peak_lr, label="target", warmup=args.warmup)
+              args.target_steps, peak_lr, label="target", warmup=args.warmup, bf16=args.bf16)
         save(target, tokenizer, args.out / "target")
     target_minutes = (time.time() - t_start) / 60
 
@@ -254,7 +263,7 @@ def main() -> None:
         data = alternate(batches(stream, tokenizer.bos_token_id, args.batch, rng, args.seq),
                          target_written_batches(target, texts, tokenizer, args.batch, rng))
         train(draft, data, args.draft_steps, 1.5e-3 if args.continue_draft else 4e-3,
-              teacher=target, label="draft", warmup=args.warmup)
+              teacher=target, label="draft", warmup=args.warmup, bf16=args.bf16)
         save(draft, tokenizer, args.out / "draft")
 
     record.update({
@@ -265,7 +274,7 @@ def main() -> None:
     record["phases"].append({
         "command": "continue" if args.continue_target else "fresh",
         "batch": args.batch, "seq": args.seq,
-        "warmup": args.warmup, "continue_draft": args.continue_draft,
+        "warmup": args.warmup, "continue_draft": args.continue_draft, "bf16": args.bf16,
         "target_steps": args.target_steps, "target_peak_lr": peak_lr,
         "draft_steps": args.draft_steps,
         "target_minutes": round(target_minutes, 1),

@@ -1,0 +1,45 @@
+"""scripts/train_tiny.py's training step, in both precisions: it learns, and bf16 autocast leaves
+the weights (what is saved) in fp32."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _train_tiny():
+    spec = importlib.util.spec_from_file_location("train_tiny", ROOT / "scripts" / "train_tiny.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _loss(model, x) -> float:
+    with torch.no_grad():
+        logits = model(x[:, :-1]).logits
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1)).item()
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_training_run_learns_a_repeating_stream(bf16):
+    train_tiny = _train_tiny()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(config)
+    stream = torch.tensor([3, 5, 7, 11, 13, 17, 19, 23] * 64)
+    data = train_tiny.batches(stream, 1, 4, random.Random(0), seq=32)
+    probe = next(train_tiny.batches(stream, 1, 4, random.Random(1), seq=32))
+    before = _loss(model, probe)
+    train_tiny.train(model, data, steps=40, peak_lr=1e-2, warmup=4, bf16=bf16)
+    assert _loss(model, probe) < 0.3 * before
+    assert all(p.dtype == torch.float32 for p in model.parameters())
