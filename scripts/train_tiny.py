@@ -18,10 +18,12 @@ Steps, all seeded, so a rerun on the same Python gives the same models up to CPU
     python scripts/train_tiny.py --continue-target --target-steps 1000 --target-lr 2e-3 --draft-steps 300
     python scripts/train_tiny.py --continue-target --target-steps 800 --target-lr 6e-4 --seq 2048 --batch 2 --draft-steps 0
     python scripts/train_tiny.py --continue-target --target-steps 800 --target-lr 6e-4 --seq 2048 --batch 2 --draft-steps 300 --continue-draft
+    python scripts/train_tiny.py --continue-target --target-steps 800 --target-lr 4e-4 --seq 2048 --batch 2 --draft-steps 300 --continue-draft
+    python scripts/train_tiny.py --continue-target --target-steps 1200 --target-lr 6e-4 --seq 2048 --batch 2 --draft-steps 300 --continue-draft --bf16
 (a continued phase trains the saved target further and, unless --draft-steps 0, distils a fresh
 draft from it, or with --continue-draft the saved one further; each phase draws its own windows,
 seeded by how many phases came before; codespec_lsp/models/tiny/TRAINING.json records every phase
-and its minutes). The last two phases train on 2048-token windows: the server's prompts reach
+and its minutes). The last four phases train on 2048-token windows: the server's prompts reach
 ~1,500 tokens, and a model that only ever saw 512 positions lost a fifth of its accuracy past them.
 """
 
