@@ -165,7 +165,8 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 40) -> float:
 
 def autocast(bf16: bool):
     """bf16 autocast: weights, optimizer state and the loss stay fp32; only the matmuls run in
-    bf16, which CPUs with AVX-512 BF16 do about twice as fast (a training step ~1.6x)."""
+    bf16, which CPUs with AVX-512 BF16 do about twice as fast (a whole training step: 1.5 s
+    against 2.05 s in fp32 for 2 × 2048 tokens of the tiny target on 2 cores)."""
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
 
 
