@@ -1,5 +1,5 @@
 """Does a pair hold up over the whole prompt the server gives it? The README's figures for the
-embedded pair's context (why it was trained two more phases on 2048-token windows) come from here.
+embedded pair's context (why it was trained on 2048-token windows from phase 6 on) come from here.
 
     .venv/bin/python scripts/context_check.py [--pair DIR] [--quality-windows 600,800,0]
 
@@ -9,7 +9,8 @@ Prints one JSON object:
   accuracy           teacher-forced greedy next-token accuracy on benchmarks/corpus and
                      benchmarks/heldout, over 512- and 1,536-token windows (bench.next_token_accuracy)
   quality            `bench quality` (100 points, benchmarks/heldout) with the model's window
-                     declared as N (prefix budget then ~0.75 N), 0 = the model's own
+                     declared as N (prefix budget then default_context_tokens(N): 402 tokens at
+                     600, 1,488 at 2,048), 0 = the model's own
 The first pair is the folder codespec_lsp/models/tiny at commit 8319c20 (`git archive`).
 """
 
