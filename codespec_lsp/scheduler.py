@@ -121,7 +121,8 @@ class CompletionCache:
             return hit.text, "repeat"
         # Typing `(` or `"` through a suggestion makes most editors insert the closer too, so
         # the text right of the cursor may have grown by closers: suffix hashes past each of them.
-        run = len(source[offset:offset + 8]) - len(source[offset:offset + 8].lstrip(_CLOSERS))
+        right = source[offset:offset + 8]
+        run = len(right) - len(right.lstrip(_CLOSERS))
         suffix_hashes = {hash(source[offset + k:offset + k + SUFFIX_KEY_CHARS]): k
                          for k in range(run, -1, -1)}
         for old in reversed(self._recent.get(uri, ())):
