@@ -64,6 +64,7 @@ def model_config(role: str, tiny: bool) -> dict:
 
 
 def build(cfg: dict, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+    hf.use_length_agnostic_attention()  # the attention kernels the engine runs (models.load_model)
     with torch.device(device):  # allocate and initialize on the card: no 26 GB host round trip
         model = LlamaForCausalLM._from_config(LlamaConfig(**cfg), dtype=dtype)
     return model.eval()
@@ -185,6 +186,7 @@ def run(args, device: torch.device) -> int:
         "models": {"draft": DRAFT_ID if not args.tiny else "tiny-draft",
                    "target": TARGET_ID if not args.tiny else "tiny-target"},
         "contexts": list(CONTEXTS), "repetitions": args.reps,
+        "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
         "target_forward_ms": target.pop("forward_ms"),
         "draft_forward_ms": {ctx: ms["1"] for ctx, ms in draft.pop("forward_ms").items()},
         "prefill_ms": {"target": target.pop("prefill_ms", None), "draft": draft.pop("prefill_ms", None)},

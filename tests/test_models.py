@@ -118,3 +118,17 @@ def test_unknown_preset_and_dtype():
         load_engine(preset="nope")
     with pytest.raises(ModelLoadError, match="unknown dtype"):
         load_engine(preset="tiny", dtype="float8", device="cpu")
+
+
+def test_loading_a_model_turns_cudnn_attention_off():
+    """cuDNN attention plans per sequence length (~55 ms each on an H200): a decoder, whose length
+    grows every forward, must run on the flash or memory-efficient kernels instead."""
+    import torch
+    from codespec_lsp.engine.models import load_model
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        load_model(str(TINY_DIR / "draft"), device="cpu", dtype=torch.float32)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)

@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 from codespec_lsp import TINY_DIR
+from codespec_lsp.engine import hf
 from codespec_lsp.engine.api import MissingExtraError, ModelLoadError, TokenizerMismatchError
 from codespec_lsp.engine.engine import Engine
 from codespec_lsp.pairing import compare_tokenizers
@@ -133,6 +134,7 @@ def load_model(ref: str, *, device: str, dtype: torch.dtype, allow_download: boo
         extra["config"] = AutoConfig.from_pretrained(ref, local_files_only=True,
                                                      trust_remote_code=trust_remote_code)
         extra["config"].quantization_config = config["quantization_config"]
+    hf.use_length_agnostic_attention()
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             ref, dtype=dtype, local_files_only=not allow_download, output_loading_info=True,
