@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--context", type=int, default=4096)
     doctor.add_argument("--k", type=int, default=None)
     doctor.add_argument("--acceptance", type=float, default=None)
+    doctor.add_argument("--cost-ratio", type=float, default=None,
+                        help="draft forward time / target forward time measured on your card "
+                             "(scripts/gpu_bench.py's cost_ratio); default: from bytes read")
     doctor.add_argument("--json", action="store_true")
     doctor.add_argument("--launch", choices=["vllm", "llama-server"], default=None,
                         help="print the command that serves this pair with speculation on that server")

@@ -109,13 +109,18 @@ def measure(engine) -> tuple[dict | None, str]:
 
 
 def diagnose(draft: str | ModelRef, target: str | ModelRef, gpu_mem_bytes: int, context: int, *,
-             k: int | None = None, acceptance: float | None = None, engine=None,
-             load: bool = False) -> tuple[planner.Plan, dict]:
-    """The plan plus what the text report needs. `load`: build an engine for two local models."""
+             k: int | None = None, acceptance: float | None = None, cost_ratio: float | None = None,
+             engine=None, load: bool = False) -> tuple[planner.Plan, dict]:
+    """The plan plus what the text report needs. `load`: build an engine for two local models.
+    `cost_ratio`: c measured elsewhere (scripts/gpu_bench.py on the user's card), which the bytes
+    estimate cannot know: on a GPU where dispatch, not memory, bounds a forward, c nears 1."""
     d = draft if isinstance(draft, ModelRef) else resolve(draft, "draft")
     t = target if isinstance(target, ModelRef) else resolve(target, "target")
     if acceptance is not None and not 0.0 <= acceptance <= 1.0:
         raise DoctorError(f"--acceptance must lie in [0, 1], not {acceptance}")
+    if cost_ratio is not None and not 0.0 < cost_ratio <= 10.0:
+        raise DoctorError(f"--cost-ratio is a draft forward's time over a target forward's, in (0, 10], "
+                          f"not {cost_ratio}")
     tok = check_tokenizers(d, t)
     notes, measured = [], None
     if engine is None and load and tok.compatible and d.kind == t.kind == "local":
@@ -126,22 +131,26 @@ def diagnose(draft: str | ModelRef, target: str | ModelRef, gpu_mem_bytes: int, 
         measured, why = measure(engine)
         if measured is None:
             notes.append(f"could not measure the pair ({why}); using the estimates")
-        elif acceptance is not None:
-            notes.append(f"--acceptance {acceptance} ignored: measured {measured['acceptance_rate']:.3f}")
+        else:
+            if acceptance is not None:
+                notes.append(f"--acceptance {acceptance} ignored: measured {measured['acceptance_rate']:.3f}")
+            if cost_ratio is not None:
+                notes.append(f"--cost-ratio {cost_ratio} ignored: measured {measured['cost_ratio']:.3f}")
     p = planner.plan(
         d.config, t.config, gpu_mem_bytes, context, k=k,
         acceptance=measured["acceptance_rate"] if measured else acceptance,
         acceptance_source="measured" if measured else None,
-        measured_cost_ratio=measured["cost_ratio"] if measured else None,
+        measured_cost_ratio=measured["cost_ratio"] if measured else cost_ratio,
+        cost_source="measured" if measured else ("given" if cost_ratio is not None else None),
         tokenizer_compatible=tok.compatible, tokenizer_reason=tok.reason)
     return p, {"draft": d, "target": t, "tokenizer": tok, "measured": measured, "notes": notes}
 
 
 def plan_pair(draft: str, target: str, gpu_mem_bytes: int, context: int, k: int | None = None,
-              acceptance: float | None = None, engine=None) -> dict:
+              acceptance: float | None = None, cost_ratio: float | None = None, engine=None) -> dict:
     """The doctor's JSON fields for a pair; with `engine` (already loaded) α and c are measured."""
     return diagnose(draft, target, gpu_mem_bytes, context, k=k, acceptance=acceptance,
-                    engine=engine)[0].to_json_dict()
+                    cost_ratio=cost_ratio, engine=engine)[0].to_json_dict()
 
 
 def _bytes(n: float) -> str:
@@ -167,9 +176,10 @@ def format_report(p: planner.Plan, info: dict) -> str:
                   "given": "from --acceptance",
                   "assumed": (f"assumed: the stated default {planner.DEFAULT_ACCEPTANCE} for a same-family pair"
                               if p.tokenizer_compatible else "assumed: mismatched tokenizers accept nothing")}
-    cost = ("measured forward times" if p.cost_source == "measured" else
-            f"bytes read per forward at {p.context} tokens: {_bytes(p.draft_bytes_read)} vs "
-            f"{_bytes(p.target_bytes_read)}")
+    cost = {"measured": "measured forward times",
+            "given": "from --cost-ratio",
+            "bytes": (f"bytes read per forward at {p.context} tokens: {_bytes(p.draft_bytes_read)} vs "
+                      f"{_bytes(p.target_bytes_read)}")}[p.cost_source]
     ks = range(0, planner.K_MAX + 1)
     alpha = p.acceptance_rate
     table = "  ".join(f"K={k}:{planner.expected_speedup(alpha, k, p.cost_ratio):.2f}x" for k in ks)
@@ -199,7 +209,8 @@ def run_doctor(args) -> int:
     try:
         gpu_mem = planner.parse_size(args.gpu_mem)
         p, info = diagnose(args.draft, args.target, gpu_mem, args.context, k=args.k,
-                           acceptance=args.acceptance, load=True)
+                           acceptance=args.acceptance, cost_ratio=getattr(args, "cost_ratio", None),
+                           load=True)
     except (DoctorError, ValueError) as exc:
         print(f"codespec-lsp doctor: {exc}", file=sys.stderr)
         return 2

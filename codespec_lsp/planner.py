@@ -30,6 +30,7 @@ DEFAULT_ACCEPTANCE = 0.8
 K_MAX = 8                    # the engine never proposes more than this many tokens per step
 MIN_USEFUL_SPEEDUP = 1.1     # below this the gain drowns in scheduling noise
 HIGH_COST_RATIO = 0.25       # a draft above a quarter of the target's cost caps the speedup early
+DISPATCH_BOUND = 1.3         # measured c this far above the bytes ratio: launches, not memory, set it
 KV_DTYPE_BYTES = 2           # fp16/bf16 cache, what the engine allocates on a GPU
 WEIGHT_DTYPE_BYTES = 2       # unquantized tensors are cast to fp16/bf16 on a GPU, even from fp32
 
@@ -241,10 +242,12 @@ class Plan:
 
 def plan(draft_cfg: dict, target_cfg: dict, gpu_mem_bytes: int, context: int, *,
          k: int | None = None, acceptance: float | None = None, acceptance_source: str | None = None,
-         measured_cost_ratio: float | None = None, tokenizer_compatible: bool = True,
+         measured_cost_ratio: float | None = None, cost_source: str | None = None,
+         tokenizer_compatible: bool = True,
          tokenizer_reason: str = "", k_max: int = K_MAX,
          overhead_bytes: int = RUNTIME_OVERHEAD_BYTES) -> Plan:
-    """The whole verdict for one pair. `acceptance` None means the stated DEFAULT_ACCEPTANCE."""
+    """The whole verdict for one pair. `acceptance` None means the stated DEFAULT_ACCEPTANCE;
+    `measured_cost_ratio` None means the bytes-read estimate."""
     ds, ts = shape_from_config(draft_cfg), shape_from_config(target_cfg)
     dq, tq = quant_from_config(draft_cfg), quant_from_config(target_cfg)
     dw, tw = weight_bytes(ds, dq), weight_bytes(ts, tq)
@@ -304,6 +307,12 @@ def plan(draft_cfg: dict, target_cfg: dict, gpu_mem_bytes: int, context: int, *,
     elif tokenizer_compatible and best_s < MIN_USEFUL_SPEEDUP:
         advice.append(f"Acceptance {alpha:.2f} is too low for this draft: use a draft trained on "
                       "the same data as the target, or n-gram drafting.")
+    if measured_cost_ratio is not None and c > DISPATCH_BOUND * (d_read / t_read):
+        advice.append(f"That c is {c / (d_read / t_read):.1f}x what bytes read predict "
+                      f"({d_read / t_read:.2f}): the forwards are bound by per-operation overhead (Python "
+                      "dispatch, kernel launches), not by memory, and a draft pays it per layer like "
+                      "the target. A draft with fewer layers, or an engine that replays CUDA graphs "
+                      "(vLLM, llama-server), brings c back toward the bytes figure.")
     if tokenizer_compatible and k is not None and k != bk:
         advice.append(f"K={k} gives {s:.2f}x; K={bk} gives {best_s:.2f}x.")
     if not advice:
@@ -317,6 +326,6 @@ def plan(draft_cfg: dict, target_cfg: dict, gpu_mem_bytes: int, context: int, *,
                 acceptance_source=source, best_k=bk,
                 expected_tokens_per_target_forward=round(e, 4), expected_speedup=round(s, 4),
                 verdict="; ".join(verdict), advice=" ".join(advice), k_used=k_used,
-                cost_source="measured" if measured_cost_ratio is not None else "bytes",
+                cost_source=cost_source or ("measured" if measured_cost_ratio is not None else "bytes"),
                 draft_bytes_read=d_read, target_bytes_read=t_read, needed_bytes=needed,
                 gpu_mem_bytes=gpu_mem_bytes, context=context)

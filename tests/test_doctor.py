@@ -222,3 +222,34 @@ def test_tiny_pair_measured_with_the_engine(capsys):
     assert out["acceptance_source"] == "measured", "both tiny models load locally, so α is measured"
     assert 0.0 <= out["acceptance_rate"] <= 1.0 and out["cost_ratio"] > 0
     assert out["max_context"] == 2048  # the tiny models' max_position_embeddings
+
+
+def test_a_cost_ratio_measured_on_the_card_replaces_the_bytes_estimate(capsys):
+    """c from scripts/gpu_bench.py (0.91 for fp16 7B/13B on an H200, against 0.52 by bytes read):
+    the plan uses it, says where it came from, and explains why it exceeds the bytes figure."""
+    args = ["doctor", "--draft", "codellama/CodeLlama-7b-Python-hf", "--target",
+            "codellama/CodeLlama-13b-Python-hf", "--gpu-mem", "141GiB", "--context", "512", "--json"]
+    assert main(args) == 0
+    by_bytes = json.loads(capsys.readouterr().out)
+    assert by_bytes["cost_ratio"] == pytest.approx(0.516, abs=0.001) and by_bytes["best_k"] > 0
+    assert "overhead" not in by_bytes["advice"]
+    assert main(args + ["--cost-ratio", "0.91"]) == 0
+    given = json.loads(capsys.readouterr().out)
+    assert given["cost_ratio"] == 0.91
+    assert given["best_k"] == 0 and given["expected_speedup"] == 1.0  # at α = 0.8 no K pays
+    assert "per-operation overhead" in given["advice"] and "1.8x what bytes read predict" in given["advice"]
+    assert main(args[:-1] + ["--cost-ratio", "0.91"]) == 0
+    assert "c = 0.910 (from --cost-ratio)" in capsys.readouterr().out
+
+
+def test_a_cost_ratio_that_is_not_a_ratio_is_refused(capsys):
+    assert main(["doctor", "--draft", CL7, "--target", CL13, "--cost-ratio", "0"]) == 2
+    assert "--cost-ratio" in capsys.readouterr().err
+
+
+def test_measured_cost_ratio_overrides_a_given_one(monkeypatch):
+    monkeypatch.setattr(doctor, "measure", lambda engine: (
+        {"acceptance_rate": 0.7, "cost_ratio": 0.2, "draft_forward_ms": 2.0, "target_forward_ms": 10.0}, ""))
+    p, info = doctor.diagnose(CL7, CL13, 24 * GiB, 4096, cost_ratio=0.9, engine=object())
+    assert (p.cost_source, p.cost_ratio) == ("measured", 0.2)
+    assert any("--cost-ratio 0.9 ignored" in n for n in info["notes"])
