@@ -25,6 +25,9 @@ draft from it, or with --continue-draft the saved one further; each phase draws 
 seeded by how many phases came before; codespec_lsp/models/tiny/TRAINING.json records every phase
 and its minutes). The last four phases train on 2048-token windows: the server's prompts reach
 ~1,500 tokens, and a model that only ever saw 512 positions lost a fifth of its accuracy past them.
+
+--device cuda, --stdlib and --target-width/--target-layers are for training a bigger pair on a lent
+GPU in one call: scripts/train_gpu.sh.
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ DRAFT = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=2,
              num_attention_heads=6, num_key_value_heads=2)
 
 
-def training_files() -> list[Path]:
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
+def training_files(stdlib: Path | None = None) -> list[Path]:
+    """The training .py files under `stdlib` (default: the running Python's standard library)."""
+    stdlib = stdlib or Path(sysconfig.get_paths()["stdlib"])
     held_out = {p.name for p in HELD_OUT.glob("*.py")}
     # lib2to3 is held out: benchmarks/heldout/ (bench quality) is made of its modules.
     skip_dirs = {"site-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3"}
@@ -94,6 +98,16 @@ def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL, model_max_length=2048,
                                    clean_up_tokenization_spaces=False)
+
+
+def target_shape(width: int, layers: int) -> dict:
+    """A wider or deeper target in TARGET's proportions: MLP 3x the width, 32-wide heads, two
+    query heads per KV head."""
+    if width % 64:
+        raise SystemExit(f"--target-width must be a multiple of 64, not {width}")
+    heads = width // 32
+    return dict(hidden_size=width, intermediate_size=3 * width, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=heads // 2)
 
 
 def config_for(shape: dict, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
@@ -140,7 +154,7 @@ def target_written_batches(target, texts: list[str], tokenizer, batch: int, rng:
             ids = tokenizer(text[max(0, at - 8 * context):at], add_special_tokens=False)["input_ids"]
             if len(ids) >= context - 1:
                 prompts.append([bos] + ids[-(context - 1):])
-        seq = torch.tensor(prompts)
+        seq = torch.tensor(prompts, device=target.device)
         cache = DynamicCache(config=target.config)
         with torch.no_grad():
             logits = target(seq, past_key_values=cache, use_cache=True).logits[:, -1]
@@ -163,28 +177,29 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 40) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))) + peak * 0.02
 
 
-def autocast(bf16: bool):
+def autocast(bf16: bool, device: torch.device | str = "cpu"):
     """bf16 autocast: weights, optimizer state and the loss stay fp32; only the matmuls run in
     bf16, which CPUs with AVX-512 BF16 do about twice as fast (a whole training step: 1.5 s
     against 2.05 s in fp32 for 2 × 2048 tokens of the tiny target on 2 cores)."""
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
 
 
 def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = "",
           warmup: int = 40, bf16: bool = False) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
+    device = next(model.parameters()).device
     t0 = time.time()
     for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, peak_lr, warmup)
-        x = next(data)
-        with autocast(bf16):
+        x = next(data).to(device)
+        with autocast(bf16, device):
             logits = model(x[:, :-1]).logits.float()
         ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
         loss = ce
         if teacher is not None:
-            with torch.no_grad(), autocast(bf16):
+            with torch.no_grad(), autocast(bf16, device):
                 teacher_logp = F.log_softmax(teacher(x[:, :-1]).logits.float(), dim=-1)
             kl = F.kl_div(F.log_softmax(logits, dim=-1), teacher_logp, log_target=True,
                           reduction="batchmean") / x.size(1)
@@ -227,23 +242,32 @@ def main() -> None:
                         help="distil the saved draft further (peak LR 1.5e-3) instead of a fresh one")
     parser.add_argument("--bf16", action="store_true",
                         help="bf16 autocast for the forward passes (fp32 weights and loss)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda on a lent GPU")
+    parser.add_argument("--stdlib", type=Path, default=None,
+                        help="a CPython standard library folder to train on (default: the running "
+                             "Python's; scripts/train_gpu.sh carries 3.11's to a machine with 3.12)")
+    parser.add_argument("--target-width", type=int, default=TARGET["hidden_size"],
+                        help="a fresh target's width (default 256)")
+    parser.add_argument("--target-layers", type=int, default=TARGET["num_hidden_layers"],
+                        help="a fresh target's depth (default 6)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
 
     t_start = time.time()
-    texts = read_texts(training_files())
+    texts = read_texts(training_files(args.stdlib))
     print(f"{len(texts)} files, {sum(map(len, texts)) / 1e6:.1f} MB of Python", flush=True)
     record_path = args.out / "TRAINING.json"
     if args.continue_target:
         record = json.loads(record_path.read_text())
         tokenizer = PreTrainedTokenizerFast.from_pretrained(args.out / "target")
-        target = LlamaForCausalLM.from_pretrained(args.out / "target", dtype=torch.float32)
+        target = LlamaForCausalLM.from_pretrained(args.out / "target", dtype=torch.float32).to(args.device)
         peak_lr = args.target_lr or 1.5e-3
     else:
         record = {"phases": []}
         tokenizer = train_tokenizer(texts)
-        target = LlamaForCausalLM(config_for(TARGET, tokenizer))
+        shape = target_shape(args.target_width, args.target_layers)
+        target = LlamaForCausalLM(config_for(shape, tokenizer)).to(args.device)
         peak_lr = args.target_lr or 3e-3
     # Each phase draws other windows than the phases before it.
     rng = random.Random(args.seed + len(record["phases"]))
@@ -261,6 +285,7 @@ def main() -> None:
             draft = LlamaForCausalLM.from_pretrained(args.out / "draft", dtype=torch.float32)
         else:
             draft = LlamaForCausalLM(config_for(DRAFT, tokenizer))
+        draft.to(args.device)
         target.requires_grad_(False)
         # Half the steps on human-written windows, half on windows the target finished itself.
         data = alternate(batches(stream, tokenizer.bos_token_id, args.batch, rng, args.seq),
@@ -271,13 +296,15 @@ def main() -> None:
 
     record.update({
         "data": "CPython standard library .py files (PSF licence), tests, lib2to3 and held-out modules excluded",
-        "python": sysconfig.get_python_version(), "files": len(texts), "tokens": len(stream),
+        "python": (args.stdlib.name.removeprefix("python") if args.stdlib else sysconfig.get_python_version()),
+        "files": len(texts), "tokens": len(stream),
         "seed": args.seed, "threads": args.threads,
     })
     record["phases"].append({
         "command": "continue" if args.continue_target else "fresh",
         "batch": args.batch, "seq": args.seq,
         "warmup": args.warmup, "continue_draft": args.continue_draft, "bf16": args.bf16,
+        "device": torch.device(args.device).type,
         "target_steps": args.target_steps, "target_peak_lr": peak_lr,
         "draft_steps": args.draft_steps,
         "target_minutes": round(target_minutes, 1),

@@ -43,3 +43,23 @@ def test_a_training_run_learns_a_repeating_stream(bf16):
     train_tiny.train(model, data, steps=40, peak_lr=1e-2, warmup=4, bf16=bf16)
     assert _loss(model, probe) < 0.3 * before
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_a_wider_target_keeps_the_shipped_proportions():
+    train_tiny = _train_tiny()
+    assert train_tiny.target_shape(256, 6) == train_tiny.TARGET
+    wide = train_tiny.target_shape(384, 8)
+    assert (wide["intermediate_size"], wide["num_attention_heads"], wide["num_key_value_heads"]) == (1152, 12, 6)
+    with pytest.raises(SystemExit):
+        train_tiny.target_shape(100, 4)
+
+
+def test_training_files_come_from_the_given_stdlib_minus_tests_and_held_out(tmp_path):
+    train_tiny = _train_tiny()
+    held_out = next(train_tiny.HELD_OUT.glob("*.py")).name
+    for rel in ("json/decoder.py", "test/test_json.py", "lib2to3/pytree.py", held_out, "shlex2.py",
+                "idlelib/idle_test/test_x.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    names = {p.relative_to(tmp_path).as_posix() for p in train_tiny.training_files(tmp_path)}
+    assert names == {"json/decoder.py", "shlex2.py"}
