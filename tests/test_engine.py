@@ -244,3 +244,24 @@ def test_a_draft_that_is_never_right_is_soon_left_alone(parts):
     result = generate_text(engine, prompt, max_new_tokens=96)
     assert result.tokens == reference_greedy(target, tok, engine, prompt, 96)
     assert len(result.tokens) == 96 and result.proposed <= 16, result.proposed
+
+
+def test_counting_a_file_longer_than_the_window_warns_nothing(parts):
+    """The context builder counts whole files and cuts them itself; transformers' "indexing errors"
+    warning for long files would put a false alarm in the user's log."""
+    import logging
+    tok, target, _ = parts
+    engine = make_engine(target, None, tok)
+    text = "value = compute(value)\n" * 2000
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers")  # its own handler, not propagated to the root
+    logger.addHandler(handler)
+    try:
+        n = engine.count_tokens(text)
+        ids = engine.encode(text)
+    finally:
+        logger.removeHandler(handler)
+    assert n > target.config.max_position_embeddings and len(ids) == n + 1
+    assert not [r for r in records if "indexing errors" in r.getMessage()]

@@ -84,7 +84,9 @@ class Engine:
         return fim_tokens_of(self.tokenizer)
 
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        # verbose=False: counting a whole file longer than the model's window is the point here
+        # (the context builder cuts it); transformers would warn of "indexing errors" each time.
+        return len(self.tokenizer.encode(text, add_special_tokens=False, verbose=False))
 
     def sources(self, speculative: bool, drafter: str | None = None) -> list[Drafter]:
         choice = drafter or self.drafter
@@ -118,7 +120,8 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         """The text's ids with the BOS the model expects."""
         bos = self.tokenizer.bos_token_id
-        return ([bos] if bos is not None else []) + self.tokenizer.encode(text, add_special_tokens=False)
+        return ([bos] if bos is not None else []) + self.tokenizer.encode(text, add_special_tokens=False,
+                                                                           verbose=False)
 
     def _stop_ids(self) -> set[int]:
         """Every end token of the model: the tokenizer's EOS, generation_config's list, `<EOT>`."""

@@ -356,7 +356,7 @@ class RemoteBackend:
 
     def count_tokens(self, text: str) -> int:
         if self.local_tokenizer is not None:
-            return len(self.local_tokenizer.encode(text, add_special_tokens=False))
+            return len(self.local_tokenizer.encode(text, add_special_tokens=False, verbose=False))
         # No tokenizer here: a round trip per count would stall prompt building, so estimate
         # on the high side (code runs 3-4 characters a token) and let the prompt come out short.
         return -(-len(text) // 3)
@@ -364,7 +364,7 @@ class RemoteBackend:
     def encode(self, text: str) -> list[int]:
         """BOS + ids, as the in-process engine does; the server's /tokenize without a tokenizer."""
         if self.local_tokenizer is not None:
-            ids = self.local_tokenizer.encode(text, add_special_tokens=False)
+            ids = self.local_tokenizer.encode(text, add_special_tokens=False, verbose=False)
             bos = self.local_tokenizer.bos_token_id
         else:
             try:
