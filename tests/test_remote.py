@@ -19,7 +19,7 @@ class CharTokenizer:
     """Stands in for the HF tokenizer: one id per character, like the fake server's /tokenize."""
     bos_token_id, eos_token_id, model_max_length = BOS, EOS, 2048
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False, verbose: bool = True) -> list[int]:
         return ([BOS] if add_special_tokens else []) + fake_tokenize(text)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
