@@ -9,6 +9,8 @@ weights read and multiply exactly like trained ones. Writes one JSON with:
   prefill_ms[model][len]      one forward over a whole prompt of that length
   achieved_bandwidth_bytes_per_s[model][ctx] = (streamed weights + KV read) / one-token forward
   nominal_bandwidth_bytes_per_s from the device name (null when unknown), and their ratio
+  cudnn_attention             false: the models run the attention kernels the engine runs
+                              (hf.use_length_agnostic_attention; the H200 run predates the field)
 Budget: under 8 minutes on one H200 (build ~1 min per model, ~250 timed forwards, a few prefills);
 --budget-s stops early and marks the JSON truncated rather than overrun.
 
