@@ -296,18 +296,24 @@ def build_server(args: Any = None, loader=default_loader, host: EngineHost | Non
         ls.spawn(ls.load_models())
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    async def did_change_configuration(ls: CodespecServer,
-                                       params: types.DidChangeConfigurationParams) -> None:
-        settings = params.settings
+    def did_change_configuration(ls: CodespecServer, params: types.DidChangeConfigurationParams) -> None:
+        # Not a coroutine: pygls would run it as a task, and a request read in the same chunk
+        # (a completion right after the change) could be answered under the old settings first.
         caps = ls.client_capabilities
-        if settings is None and caps and caps.workspace and caps.workspace.configuration:
-            # Pull model: the notification only says "something changed".
-            try:
-                settings = (await ls.workspace_configuration_async(types.ConfigurationParams(
-                    items=[types.ConfigurationItem(section=config.SECTION)])))[0]
-            except Exception as exc:
-                log.warning("workspace/configuration failed: %s", exc)
-                return
+        if params.settings is None and caps and caps.workspace and caps.workspace.configuration:
+            # Pull model: the notification only says "something changed"; asking takes a round trip.
+            ls.spawn(pull_configuration(ls))
+            return
+        errors, unknown = ls.layers.set_workspace(params.settings)
+        ls.apply_settings(errors, unknown, "workspace")
+
+    async def pull_configuration(ls: CodespecServer) -> None:
+        try:
+            settings = (await ls.workspace_configuration_async(types.ConfigurationParams(
+                items=[types.ConfigurationItem(section=config.SECTION)])))[0]
+        except Exception as exc:
+            log.warning("workspace/configuration failed: %s", exc)
+            return
         errors, unknown = ls.layers.set_workspace(settings)
         ls.apply_settings(errors, unknown, "workspace")
 

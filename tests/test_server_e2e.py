@@ -225,6 +225,21 @@ async def test_invalid_setting_is_shown_and_ignored(client: LanguageClient):
     assert (await stats(client))["state"] == "ready"
 
 
+async def test_pulled_settings_apply_after_the_round_trip(client: LanguageClient):
+    """A client that sends an empty didChangeConfiguration (the pull model, VS Code's) is asked
+    with workspace/configuration; what it answers is applied, an invalid value shown."""
+    client.set_configuration({"maxTokens": "lots", "debounceMs": 0}, section="codespec")
+    seen = len(client.messages)
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=None))
+    for _ in range(100):  # the server's request and its showMessage take a round trip or two
+        if any("maxTokens" in m.message for m in client.messages[seen:]):
+            break
+        await asyncio.sleep(0.05)
+    assert any("maxTokens" in m.message and "lots" in m.message for m in client.messages[seen:])
+    client.set_configuration({"maxTokens": 24, "debounceMs": 0}, section="codespec")
+    assert (await stats(client))["state"] == "ready"
+
+
 async def test_stats_fields_exactly(client: LanguageClient):
     st = await stats(client)
     assert set(st) == STATS_FIELDS
