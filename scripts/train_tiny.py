@@ -26,8 +26,9 @@ seeded by how many phases came before; codespec_lsp/models/tiny/TRAINING.json re
 and its minutes). The last four phases train on 2048-token windows: the server's prompts reach
 ~1,500 tokens, and a model that only ever saw 512 positions lost a fifth of its accuracy past them.
 
---device cuda, --stdlib and --target-width/--target-layers are for training a bigger pair on a lent
-GPU in one call: scripts/train_gpu.sh.
+--device cuda, --stdlib, --target-width/--target-layers and --target-minutes/--draft-minutes (a
+schedule that follows the clock) are for training a bigger pair on a lent GPU in one call:
+scripts/train_gpu.sh.
 """
 
 from __future__ import annotations
@@ -171,10 +172,14 @@ def alternate(*sources):
             yield next(source)
 
 
-def lr_at(step: int, total: int, peak: float, warmup: int = 40) -> float:
+def lr_at(step: int, total: int, peak: float, warmup: int = 40, done: float | None = None) -> float:
+    """Linear warm-up, then a cosine down to 2 % of the peak over `done`, the share of the run
+    behind us (default: of its steps)."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))) + peak * 0.02
+    if done is None:
+        done = (step - warmup) / max(1, total - warmup)
+    return peak * 0.5 * (1 + math.cos(math.pi * min(done, 1.0))) + peak * 0.02
 
 
 def autocast(bf16: bool, device: torch.device | str = "cpu"):
@@ -185,14 +190,24 @@ def autocast(bf16: bool, device: torch.device | str = "cpu"):
 
 
 def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = "",
-          warmup: int = 40, bf16: bool = False) -> None:
+          warmup: int = 40, bf16: bool = False, minutes: float | None = None) -> int:
+    """Train for `steps`, or with `minutes` until that time is up (`steps` then only caps it): the
+    schedule follows the clock, so a run on a machine of unknown speed still anneals before its
+    time runs out. Returns the steps run."""
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
     device = next(model.parameters()).device
     t0 = time.time()
-    for step in range(steps):
+    step = 0
+    while step < steps:
+        done = None
+        if minutes is not None:
+            elapsed = (time.time() - t0) / (60 * minutes)
+            if elapsed >= 1.0:
+                break
+            done = max((step - warmup) / max(1, steps - warmup), elapsed)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, peak_lr, warmup)
+            group["lr"] = lr_at(step, steps, peak_lr, warmup, done)
         x = next(data).to(device)
         with autocast(bf16, device):
             logits = model(x[:, :-1]).logits.float()
@@ -211,7 +226,9 @@ def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = ""
         if step % 25 == 0 or step == steps - 1:
             print(f"{label} step {step}/{steps} loss {loss.item():.3f} ce {ce.item():.3f} "
                   f"{time.time() - t0:.0f}s", flush=True)
+        step += 1
     model.eval()
+    return step
 
 
 def save(model, tokenizer, folder: Path) -> None:
@@ -238,6 +255,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=SEQ,
                         help="training window in tokens (the server's prompts reach ~1,500)")
     parser.add_argument("--warmup", type=int, default=40, help="linear LR warm-up steps")
+    parser.add_argument("--target-minutes", type=float, default=None,
+                        help="train the target this long (--target-steps then only caps it)")
+    parser.add_argument("--draft-minutes", type=float, default=None,
+                        help="distil the draft this long (--draft-steps then only caps it)")
     parser.add_argument("--continue-draft", action="store_true",
                         help="distil the saved draft further (peak LR 1.5e-3) instead of a fresh one")
     parser.add_argument("--bf16", action="store_true",
@@ -274,9 +295,11 @@ def main() -> None:
     stream = encode_stream(texts, tokenizer)
     print(f"{len(stream) / 1e6:.2f} M tokens, {time.time() - t_start:.0f}s", flush=True)
 
+    target_run = draft_run = 0
     if args.target_steps:
-        train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng, args.seq),
-              args.target_steps, peak_lr, label="target", warmup=args.warmup, bf16=args.bf16)
+        target_run = train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng, args.seq),
+                           args.target_steps, peak_lr, label="target", warmup=args.warmup,
+                           bf16=args.bf16, minutes=args.target_minutes)
         save(target, tokenizer, args.out / "target")
     target_minutes = (time.time() - t_start) / 60
 
@@ -290,8 +313,9 @@ def main() -> None:
         # Half the steps on human-written windows, half on windows the target finished itself.
         data = alternate(batches(stream, tokenizer.bos_token_id, args.batch, rng, args.seq),
                          target_written_batches(target, texts, tokenizer, args.batch, rng))
-        train(draft, data, args.draft_steps, 1.5e-3 if args.continue_draft else 4e-3,
-              teacher=target, label="draft", warmup=args.warmup, bf16=args.bf16)
+        draft_run = train(draft, data, args.draft_steps, 1.5e-3 if args.continue_draft else 4e-3,
+                          teacher=target, label="draft", warmup=args.warmup, bf16=args.bf16,
+                          minutes=args.draft_minutes)
         save(draft, tokenizer, args.out / "draft")
 
     record.update({
@@ -305,8 +329,8 @@ def main() -> None:
         "batch": args.batch, "seq": args.seq,
         "warmup": args.warmup, "continue_draft": args.continue_draft, "bf16": args.bf16,
         "device": torch.device(args.device).type,
-        "target_steps": args.target_steps, "target_peak_lr": peak_lr,
-        "draft_steps": args.draft_steps,
+        "target_steps": target_run, "target_peak_lr": peak_lr,
+        "draft_steps": draft_run,
         "target_minutes": round(target_minutes, 1),
         "draft_minutes": round((time.time() - t_start) / 60 - target_minutes, 1),
     })

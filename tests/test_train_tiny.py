@@ -63,3 +63,25 @@ def test_training_files_come_from_the_given_stdlib_minus_tests_and_held_out(tmp_
         (tmp_path / rel).write_text("x = 1\n")
     names = {p.relative_to(tmp_path).as_posix() for p in train_tiny.training_files(tmp_path)}
     assert names == {"json/decoder.py", "shlex2.py"}
+
+
+def test_a_timed_run_stops_on_its_clock_with_the_schedule_run_out(monkeypatch):
+    """--target-minutes on a machine of unknown speed: the run ends when its time is up, and the
+    cosine has followed the clock to its end rather than stopping half-way at a high LR."""
+    import time
+    train_tiny = _train_tiny()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config)
+    stream = torch.tensor([3, 5, 7, 11, 13, 17, 19, 23] * 64)
+    data = train_tiny.batches(stream, 1, 2, random.Random(0), seq=16)
+    shares, lr_at = [], train_tiny.lr_at
+    monkeypatch.setattr(train_tiny, "lr_at", lambda *a: (shares.append(a[-1]), lr_at(*a))[1])
+    started = time.time()
+    steps = train_tiny.train(model, data, steps=20_000, peak_lr=1e-2, warmup=2, minutes=0.03)
+    assert time.time() - started < 0.03 * 60 + 5
+    assert 3 < steps < 20_000 and len(shares) == steps
+    after_warmup = shares[2:]
+    assert after_warmup == sorted(after_warmup) and after_warmup[-1] > 0.8
+    assert lr_at(steps, 10**6, 1.0, 2, done=1.0) == pytest.approx(0.02)
