@@ -81,14 +81,16 @@ def completion_points(files: list[Path], n: int, engine: Engine, context_tokens:
     return prompts
 
 
-def next_token_accuracy(engine: Engine, files: list[Path], window: int = 512,
+def corpus_stream(engine: Engine, files: list[Path]) -> torch.Tensor:
+    """The files' ids end to end, each after a BOS, as the tiny pair was trained."""
+    return torch.tensor([i for f in files for i in engine.encode(f.read_text(encoding="utf-8"))])
+
+
+def next_token_accuracy(engine: Engine, files: list[Path] | torch.Tensor, window: int = 512,
                         max_windows: int = 24) -> tuple[float, float]:
-    """(target accuracy, most-frequent-token accuracy) on the held-out files, teacher-forced."""
-    ids = []
-    for f in files:
-        ids.append(engine.tokenizer.bos_token_id)
-        ids.extend(engine.tokenizer.encode(f.read_text(encoding="utf-8"), add_special_tokens=False))
-    stream = torch.tensor(ids)
+    """(target accuracy, most-frequent-token accuracy) on the held-out files, teacher-forced.
+    `files` may be their corpus_stream already, when several windows are measured."""
+    stream = files if isinstance(files, torch.Tensor) else corpus_stream(engine, files)
     correct = total = 0
     device = engine.target_model.device
     with torch.inference_mode():
@@ -237,11 +239,12 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
         second = {"corpus": Path(second_corpus).name,
                   **speed(engine, completion_points(corpus_files(second_corpus), points, engine), max_tokens)}
 
-    accuracy, unigram = next_token_accuracy(engine, files)
+    stream = corpus_stream(engine, files)
+    accuracy, unigram = next_token_accuracy(engine, stream)
     # Completion prompts run far longer than 512 tokens; a model trained on short windows loses
     # accuracy past them (RoPE positions it never saw), which the 512 figure alone would hide.
     prompt_window = default_context_tokens(engine.context_window, Settings().max_tokens)
-    accuracy_long, _ = next_token_accuracy(engine, files, window=prompt_window,
+    accuracy_long, _ = next_token_accuracy(engine, stream, window=prompt_window,
                                            max_windows=max(1, 512 * 24 // prompt_window))
 
     text = max((f.read_text(encoding="utf-8") for f in files), key=len)

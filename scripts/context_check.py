@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from codespec_lsp import TINY_DIR
-from codespec_lsp.bench import corpus_files, next_token_accuracy
+from codespec_lsp.bench import corpus_files, corpus_stream, next_token_accuracy
 from codespec_lsp.bench_quality import FIELDS, quality_bench
 from codespec_lsp.engine import load_engine
 
@@ -58,9 +58,9 @@ def main() -> None:
     engine = load_engine(device="cpu", target=str(args.pair / "target"), draft=str(args.pair / "draft"))
     out = {"loss_by_position": loss_by_position(engine.target_model, engine.tokenizer), "accuracy": {}}
     for name in ("corpus", "heldout"):
-        files = corpus_files(str(ROOT / "benchmarks" / name))
+        stream = corpus_stream(engine, corpus_files(str(ROOT / "benchmarks" / name)))
         for window, count in ((512, 24), (1536, 8)):
-            accuracy, _ = next_token_accuracy(engine, files, window=window, max_windows=count)
+            accuracy, _ = next_token_accuracy(engine, stream, window=window, max_windows=count)
             out["accuracy"][f"{name}_{window}"] = round(accuracy, 4)
     own_window, out["quality"] = engine.context_window, {}
     for window in (int(w) for w in args.quality_windows.split(",")):

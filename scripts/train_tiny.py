@@ -122,7 +122,7 @@ def encode_stream(texts: list[str], tokenizer: PreTrainedTokenizerFast) -> torch
     ids: list[int] = []
     for text in texts:
         ids.append(tokenizer.bos_token_id)
-        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids.extend(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
         ids.append(tokenizer.eos_token_id)
     return torch.tensor(ids, dtype=torch.long)
 
