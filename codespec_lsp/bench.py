@@ -86,11 +86,9 @@ def corpus_stream(engine: Engine, files: list[Path]) -> torch.Tensor:
     return torch.tensor([i for f in files for i in engine.encode(f.read_text(encoding="utf-8"))])
 
 
-def next_token_accuracy(engine: Engine, files: list[Path] | torch.Tensor, window: int = 512,
+def next_token_accuracy(engine: Engine, stream: torch.Tensor, window: int = 512,
                         max_windows: int = 24) -> tuple[float, float]:
-    """(target accuracy, most-frequent-token accuracy) on the held-out files, teacher-forced.
-    `files` may be their corpus_stream already, when several windows are measured."""
-    stream = files if isinstance(files, torch.Tensor) else corpus_stream(engine, files)
+    """(target accuracy, most-frequent-token accuracy) on a corpus_stream, teacher-forced."""
     correct = total = 0
     device = engine.target_model.device
     with torch.inference_mode():

@@ -22,6 +22,17 @@ def _train_tiny():
     return module
 
 
+STREAM = torch.tensor([3, 5, 7, 11, 13, 17, 19, 23] * 64)
+
+
+def _toy_model(layers: int) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        bos_token_id=1, eos_token_id=2))
+
+
 def _loss(model, x) -> float:
     with torch.no_grad():
         logits = model(x[:, :-1]).logits
@@ -31,14 +42,9 @@ def _loss(model, x) -> float:
 @pytest.mark.parametrize("bf16", [False, True])
 def test_a_training_run_learns_a_repeating_stream(bf16):
     train_tiny = _train_tiny()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         bos_token_id=1, eos_token_id=2)
-    model = LlamaForCausalLM(config)
-    stream = torch.tensor([3, 5, 7, 11, 13, 17, 19, 23] * 64)
-    data = train_tiny.batches(stream, 1, 4, random.Random(0), seq=32)
-    probe = next(train_tiny.batches(stream, 1, 4, random.Random(1), seq=32))
+    model = _toy_model(layers=2)
+    data = train_tiny.batches(STREAM, 1, 4, random.Random(0), seq=32)
+    probe = next(train_tiny.batches(STREAM, 1, 4, random.Random(1), seq=32))
     before = _loss(model, probe)
     train_tiny.train(model, data, steps=40, peak_lr=1e-2, warmup=4, bf16=bf16)
     assert _loss(model, probe) < 0.3 * before
@@ -70,12 +76,8 @@ def test_a_timed_run_stops_on_its_clock_with_the_schedule_run_out(monkeypatch):
     cosine has followed the clock to its end rather than stopping half-way at a high LR."""
     import time
     train_tiny = _train_tiny()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    model = LlamaForCausalLM(config)
-    stream = torch.tensor([3, 5, 7, 11, 13, 17, 19, 23] * 64)
-    data = train_tiny.batches(stream, 1, 2, random.Random(0), seq=16)
+    model = _toy_model(layers=1)
+    data = train_tiny.batches(STREAM, 1, 2, random.Random(0), seq=16)
     shares, lr_at = [], train_tiny.lr_at
     monkeypatch.setattr(train_tiny, "lr_at", lambda *a: (shares.append(a[-1]), lr_at(*a))[1])
     started = time.time()
