@@ -34,6 +34,7 @@ scripts/train_gpu.sh.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
@@ -109,6 +110,32 @@ def target_shape(width: int, layers: int) -> dict:
     heads = width // 32
     return dict(hidden_size=width, intermediate_size=3 * width, num_hidden_layers=layers,
                 num_attention_heads=heads, num_key_value_heads=heads // 2)
+
+
+def grow_depth(model: LlamaForCausalLM, layers: int) -> LlamaForCausalLM:
+    """Deepen a trained Llama to `layers` without changing what it computes (LLaMA Pro's block
+    expansion): each new layer is a copy of the one below it with its two residual outputs
+    (attention o_proj, MLP down_proj) zeroed, so it adds nothing until training moves it, and it
+    starts from weights that already read this model's hidden states. The copies are spread
+    evenly up the stack. Training a wider or deeper model from scratch costs more CPU than a
+    session has; growing the trained one keeps everything it learned."""
+    old = list(model.model.layers)
+    extra = layers - len(old)
+    if extra <= 0:
+        raise SystemExit(f"--grow-layers {layers}: the target already has {len(old)} layers")
+    grown = []
+    for i, layer in enumerate(old):
+        grown.append(layer)
+        for _ in range((i + 1) * extra // len(old) - i * extra // len(old)):
+            twin = copy.deepcopy(layer)
+            twin.self_attn.o_proj.weight.data.zero_()
+            twin.mlp.down_proj.weight.data.zero_()
+            grown.append(twin)
+    for index, layer in enumerate(grown):
+        layer.self_attn.layer_idx = index  # the KV cache is indexed by it
+    model.model.layers = torch.nn.ModuleList(grown)
+    model.config.num_hidden_layers = layers
+    return model
 
 
 def config_for(shape: dict, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
@@ -271,6 +298,9 @@ def main() -> None:
                         help="a fresh target's width (default 256)")
     parser.add_argument("--target-layers", type=int, default=TARGET["num_hidden_layers"],
                         help="a fresh target's depth (default 6)")
+    parser.add_argument("--grow-layers", type=int, default=None,
+                        help="with --continue-target: deepen the saved target to this many layers "
+                             "first (grow_depth), then train it")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -284,6 +314,8 @@ def main() -> None:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(args.out / "target")
         target = LlamaForCausalLM.from_pretrained(args.out / "target", dtype=torch.float32).to(args.device)
         peak_lr = args.target_lr or 1.5e-3
+        if args.grow_layers:
+            grow_depth(target, args.grow_layers)
     else:
         record = {"phases": []}
         tokenizer = train_tokenizer(texts)
@@ -328,6 +360,7 @@ def main() -> None:
         "command": "continue" if args.continue_target else "fresh",
         "batch": args.batch, "seq": args.seq,
         "warmup": args.warmup, "continue_draft": args.continue_draft, "bf16": args.bf16,
+        **({"grow_layers": args.grow_layers} if args.grow_layers else {}),
         "device": torch.device(args.device).type,
         "target_steps": target_run, "target_peak_lr": peak_lr,
         "draft_steps": draft_run,

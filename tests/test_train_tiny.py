@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -87,3 +87,33 @@ def test_a_timed_run_stops_on_its_clock_with_the_schedule_run_out(monkeypatch):
     after_warmup = shares[2:]
     assert after_warmup == sorted(after_warmup) and after_warmup[-1] > 0.8
     assert lr_at(steps, 10**6, 1.0, 2, done=1.0) == pytest.approx(0.02)
+
+
+def test_growing_a_trained_target_keeps_its_function_and_its_cache(tmp_path):
+    train_tiny = _train_tiny()
+    model = _toy_model(layers=2)
+    train_tiny.train(model, train_tiny.batches(STREAM, 1, 4, random.Random(0), seq=32),
+                     steps=10, peak_lr=1e-2, warmup=2)
+    x = next(train_tiny.batches(STREAM, 1, 2, random.Random(1), seq=24))
+    with torch.no_grad():
+        before = model(x).logits
+    train_tiny.grow_depth(model, 5)
+    assert len(model.model.layers) == model.config.num_hidden_layers == 5
+    assert [layer.self_attn.layer_idx for layer in model.model.layers] == list(range(5))
+    with torch.no_grad():
+        assert torch.allclose(model(x).logits, before, atol=1e-5)
+        # token by token through the KV cache: each layer must write its own cache slot
+        cache = DynamicCache(config=model.config)
+        stepped = torch.cat([model(x[:, i:i + 1], past_key_values=cache, use_cache=True).logits
+                             for i in range(x.size(1))], dim=1)
+    assert torch.allclose(stepped, before, atol=1e-4)
+    # the new layers learn (their zeroed outputs move) and the grown model saves and reloads
+    train_tiny.train(model, train_tiny.batches(STREAM, 1, 4, random.Random(2), seq=32),
+                     steps=5, peak_lr=1e-2, warmup=1)
+    assert model.model.layers[1].mlp.down_proj.weight.abs().sum() > 0
+    model.save_pretrained(tmp_path)
+    again = LlamaForCausalLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.allclose(again(x).logits, model(x).logits, atol=1e-5)
+    with pytest.raises(SystemExit):
+        train_tiny.grow_depth(model, 5)
