@@ -303,6 +303,8 @@ def main() -> None:
                         help="with --continue-target: deepen the saved target to this many layers "
                              "first (grow_depth), then train it")
     args = parser.parse_args()
+    if args.grow_layers and not args.continue_target:
+        parser.error("--grow-layers deepens the saved target: use it with --continue-target")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
 

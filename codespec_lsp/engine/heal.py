@@ -14,7 +14,7 @@ A token that covers it exactly may be followed by " word": that is how the token
 deeper line ("\n       " + " if" for 8 spaces), so the model taking "\n    " then " def" means a
 `def` and postprocess.strip_doubled_indent drops the space. Forbidding that space here was tried:
 the model, kept from the word it meant, wrote `._collections_abc = {}` or `. This is a string`
-instead (7 of 300 `bench quality` points changed, all for the worse).
+instead (7 of 300 `bench quality` points changed: three lost a right `def`, none gained).
 """
 
 from __future__ import annotations
