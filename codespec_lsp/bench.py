@@ -82,7 +82,8 @@ def completion_points(files: list[Path], n: int, engine: Engine, context_tokens:
 
 
 def corpus_stream(engine: Engine, files: list[Path]) -> torch.Tensor:
-    """The files' ids end to end, each after a BOS, as the tiny pair was trained."""
+    """The files' ids end to end, each after a BOS, as every prompt begins (training also put an
+    EOS after each file; every accuracy figure in the README was measured on this stream)."""
     return torch.tensor([i for f in files for i in engine.encode(f.read_text(encoding="utf-8"))])
 
 

@@ -209,7 +209,7 @@ def run_doctor(args) -> int:
     try:
         gpu_mem = planner.parse_size(args.gpu_mem)
         p, info = diagnose(args.draft, args.target, gpu_mem, args.context, k=args.k,
-                           acceptance=args.acceptance, cost_ratio=getattr(args, "cost_ratio", None),
+                           acceptance=args.acceptance, cost_ratio=args.cost_ratio,
                            load=True)
     except (DoctorError, ValueError) as exc:
         print(f"codespec-lsp doctor: {exc}", file=sys.stderr)
