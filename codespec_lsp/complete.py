@@ -7,6 +7,7 @@ prints is what an editor would be shown.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -66,6 +67,10 @@ def token_logprobs(tokenizer, prompt: Sequence[int], result: GenerationResult, h
     return [(max(len(detok.add(t)) - len(heal), 0), lp) for t, lp in zip(result.tokens, result.logprobs)]
 
 
+HEAL_MAX_TOKENS = 8  # a long half-typed name (`post_order_f` is 6 tokens here) is backed up whole
+_WORD_PIECE = re.compile(r"[ \t]?\w+")
+
+
 def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
     """(the prompt's ids with BOS, the text `heal` removed for token healing: "" when none).
 
@@ -73,18 +78,41 @@ def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
     what follows (`os.pa` before `th`, indentation before `if`: byte-level BPE merges "\n    " into
     one token and the model then starts its answer with " if", leaving 5 spaces). The last token is
     backed up and its text returned as `heal`; the backend constrains its first token(s) to
-    re-type it. Only for backends that say `supports_heal` (a remote server cannot constrain)."""
+    re-type it. Only for backends that say `supports_heal` (a remote server cannot constrain).
+
+    A half-typed word is backed up whole, not only its last token: `ret` reads " re" + "t", and
+    left with " re" in the prompt the model must go on from a split it never saw in training
+    (" return" is one token), so it answered `ret = ...`; backed up to " ret", " return" is open.
+    Word pieces (an optional space, then letters, digits, `_`) are backed up while the text
+    already backed up starts inside the word, up to HEAL_MAX_TOKENS."""
     ids = backend.encode(prompt)
     tokenizer = getattr(backend, "tokenizer", None)
     if (not getattr(backend, "supports_heal", False) or tokenizer is None or len(ids) < 2
             or not prompt or prompt.endswith("\n")):
         return ids, ""
-    if ids[-1] in set(getattr(tokenizer, "all_special_ids", []) or []):
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    if ids[-1] in special:
         return ids, ""  # e.g. a FIM prompt ending in <MID>
-    heal = Detokenizer(tokenizer, ids[:-1]).add(ids[-1])
+    cut = len(ids) - 1
+    heal = _backed_up(tokenizer, ids, cut)
+    while (cut > 1 and len(ids) - cut < HEAL_MAX_TOKENS and ids[cut - 1] not in special
+           and re.match(r"\w", heal)):
+        piece = _backed_up(tokenizer, ids[:cut], cut - 1)
+        if not _WORD_PIECE.fullmatch(piece):
+            break
+        cut, heal = cut - 1, piece + heal
+    heal = _backed_up(tokenizer, ids, cut)  # decoded as a whole: what the prompt really loses
     if not heal or not prompt.endswith(heal):
-        return ids, ""  # the token's text does not read back exactly: backing up would change the prompt
-    return ids[:-1], heal
+        return ids, ""  # the tokens' text does not read back exactly: backing up would change the prompt
+    return ids[:cut], heal
+
+
+def _backed_up(tokenizer, ids: list[int], cut: int) -> str:
+    """The text of ids[cut:] as it reads after ids[:cut]."""
+    detok = Detokenizer(tokenizer, ids[:cut])
+    for token in ids[cut:]:
+        detok.add(token)
+    return detok.text
 
 
 def _after_heal(heal: str, stop_fn: Callable[[str], int | None]) -> Callable[[str], int | None]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codespec_lsp.complete import complete_at, prompt_ids, run
+from codespec_lsp.complete import HEAL_MAX_TOKENS, complete_at, prompt_ids, run
 from codespec_lsp.context import ContextBuilder
 from engine_helpers import make_engine, random_draft_like, tiny_parts
 
@@ -25,14 +25,18 @@ def parts():
 def healed_reference(target, engine, ids: list[int], heal: str, n: int) -> list[int]:
     """The target's own greedy decoding under the constraint, by hand: while part of `heal` is
     still to come, only tokens whose text starts with the rest, or is a non-empty prefix of it;
-    when `heal` ends in indentation, a token covering it does not go on with a space or tab."""
+    when `heal` ends in indentation, a token covering it does not go on with a space or tab; a
+    token covering part of it and stopping inside a word is the longest such token."""
     texts, rest, out = engine.heal_vocab.texts, heal, []
     indent = heal.rsplit("\n", 1)[-1] != "" and not heal.rsplit("\n", 1)[-1].strip()
 
     def allowed(t: str) -> bool:
         if t.startswith(rest):
             return not (indent and t[len(rest):len(rest) + 1] in (" ", "\t"))
-        return bool(t) and rest.startswith(t)
+        if not t or not rest.startswith(t):
+            return False
+        longest = max(len(u) for u in texts if u and len(u) < len(rest) and rest.startswith(u))
+        return len(t) == longest or not (rest[len(t)].isalnum() or rest[len(t)] == "_")
 
     with torch.no_grad():
         for _ in range(n):
@@ -61,6 +65,38 @@ def test_prompt_ids_backs_up_over_the_last_token(parts):
         tokenizer, supports_heal = tok, False
         encode = engine.encode
     assert prompt_ids(Remote(), "def add(a, b):\n    ") == (engine.encode("def add(a, b):\n    "), "")
+
+
+def test_prompt_ids_backs_up_a_half_typed_word_whole(parts):
+    """`ret` reads " re" + "t" here; backing up only "t" left the model after " re", a split it
+    never saw (" return" is one token). The whole word goes, with its space, and no further."""
+    tok, target, _ = parts
+    engine = make_engine(target, None, tok)
+    texts = engine.heal_vocab.texts
+    for prompt, word in [("class Box:\n    def size(self):\n        ret", " ret"),
+                         ("        post_order_f", " post_order_f"), ("x = os.pa", "pa"),
+                         ("if a.b and c", " c")]:
+        full = engine.encode(prompt)
+        ids, heal = prompt_ids(engine, prompt)
+        assert heal == word and full[:len(ids)] == ids and "".join(texts[t] for t in full[len(ids):]) == word
+    assert len(engine.encode("        ret")) - len(prompt_ids(engine, "        ret")[0]) == 2  # split here
+    long = "x = " + "a" * 400  # a long word: at most HEAL_MAX_TOKENS tokens are backed up
+    assert 0 < len(engine.encode(long)) - len(prompt_ids(engine, long)[0]) <= HEAL_MAX_TOKENS
+
+
+def test_a_token_covering_part_of_a_word_is_the_longest_one():
+    """Inside a word only the longest partial cover is open (the tokenizer's own split is never
+    " f" + "eatures"); where the rest goes on with a space or symbol, every partial cover is."""
+    from codespec_lsp.engine.heal import Heal, HealVocab
+    texts = ["", " f", " feature", " features", " featured", "s", " ", "\n", "\n  ", " if", "x."]
+    vocab = HealVocab(texts)
+    heal = Heal(vocab, " features")
+    assert [texts[i] for i in heal.allowed(heal.rest).nonzero().flatten()] == [" feature", " features"]
+    heal.accept([texts.index(" feature")])
+    assert heal.rest == "s"
+    line = Heal(vocab, "\n    ")  # the rest of the indentation may come in any piece
+    assert [texts[i] for i in line.allowed(line.rest).nonzero().flatten()] == ["\n", "\n  "]
+    assert [texts[i] for i in Heal(vocab, "x.f").allowed("x.f").nonzero().flatten()] == ["x."]
 
 
 @pytest.mark.parametrize("kind", ["target", "embedded", "identical", "random", "ngram"])

@@ -19,9 +19,12 @@ instead (7 of 300 `bench quality` points changed: three lost a right `def`, none
 
 from __future__ import annotations
 
+import re
+
 import torch
 from cachetools import LRUCache
 
+_WORD = re.compile(r"\w")
 MASKS_KEPT = 64  # (rest, indent, device) masks kept; a [V] bool mask each (32 KB at 32,000 ids)
 
 
@@ -35,12 +38,16 @@ def token_texts(tokenizer, vocab_size: int) -> list[str]:
     return [t[len(head):] if t.startswith(head) and "\ufffd" not in t else "" for t in texts]
 
 
-def advance(rest: str, text: str, indent: bool = False) -> str | None:
+def advance(rest: str, text: str, indent: bool = False, longest: int = 0) -> str | None:
     """What is left of `rest` after a token reading `text`; None when the token breaks it.
-    indent: `rest` ends the typed indentation, which the token may not lengthen."""
+    indent: `rest` ends the typed indentation, which the token may not lengthen.
+    longest: the length of the longest text in the vocabulary that is a proper prefix of `rest`.
+    A token covering only part of `rest` and stopping inside a word must be that longest one:
+    " f" + "eatures" is a split the model never saw in training (the tokenizer writes
+    " feature" + "s"), and a model led into it writes words like "featuresh"."""
     if text.startswith(rest):
         return None if indent and text[len(rest):len(rest) + 1] in (" ", "\t") else ""
-    if text and rest.startswith(text):
+    if text and rest.startswith(text) and (len(text) == longest or not _WORD.match(rest, len(text))):
         return rest[len(text):]
     return None
 
@@ -53,6 +60,7 @@ class HealVocab:
 
     def __init__(self, texts: list[str]) -> None:
         self.texts = texts
+        self._texts_set = set(texts)
         self._masks: LRUCache = LRUCache(maxsize=MASKS_KEPT)
 
     def allowed(self, rest: str, indent: bool, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -61,10 +69,18 @@ class HealVocab:
         if key not in self._masks:
             on_cpu = (rest, indent, torch.device("cpu"))
             if on_cpu not in self._masks:
-                self._masks[on_cpu] = torch.tensor([advance(rest, t, indent) is not None
+                longest = self.longest_prefix(rest)
+                self._masks[on_cpu] = torch.tensor([advance(rest, t, indent, longest) is not None
                                                     for t in self.texts])
             self._masks[key] = self._masks[on_cpu].to(key[2])
         return self._masks[key]
+
+    def longest_prefix(self, rest: str) -> int:
+        """Length of the longest id text that is a proper prefix of `rest` (0: none)."""
+        return max((n for n in range(len(rest) - 1, 0, -1) if rest[:n] in self._texts_set), default=0)
+
+    def advance(self, rest: str, token: int, indent: bool) -> str | None:
+        return advance(rest, self.texts[token], indent, self.longest_prefix(rest))
 
 
 class Heal:
@@ -88,7 +104,7 @@ class Heal:
                 out = logits.clone()
             out[i].masked_fill_(~self.allowed(rest, logits.device), float("-inf"))
             if i < len(drafted):
-                rest = advance(rest, self.vocab.texts[drafted[i]], self.indent)
+                rest = self.vocab.advance(rest, drafted[i], self.indent)
                 if rest is None:
                     break  # drafted[i] is masked out, so it is rejected: later rows never count
         return out
@@ -96,4 +112,4 @@ class Heal:
     def accept(self, tokens: list[int]) -> None:
         for t in tokens:
             if self.rest:
-                self.rest = advance(self.rest, self.vocab.texts[t], self.indent) or ""
+                self.rest = self.vocab.advance(self.rest, t, self.indent) or ""
