@@ -60,6 +60,12 @@ _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}
 _HEX_BEFORE = re.compile(r"0[xX][0-9a-fA-F_]*$")
 _HEX_UNIT = re.compile(r"[0-9a-fA-F_]+")
 _LETTER = re.compile(r"[A-Za-z]")
+# A run of one symbol after code on its line (`self.value !!!!!!!!!!!!`): no language writes 8 in a
+# row there. Rulers and banners are comments, strings or lines of their own (`# =====`,
+# `"-" * 40`, a reST underline in a docstring), so a run goes only where the line before it holds
+# code and no comment or string opener. Brackets are left to balance_brackets (Lisp closes 8).
+_SYMBOL_RUN = re.compile(r"([^\w\s()\[\]{}'\"`#\\])\1{7,}")
+_NOT_CODE_BEFORE = re.compile(r"#|//|/\*|--|['\"`]")
 # A line ending in one of these continues on the next line: it is not finished.
 _CONTINUE_CHARS = tuple(",([{\\+-*/%=&|^<>.@:~")
 _CONTINUE_WORDS = {"and", "or", "not", "in", "is", "lambda", "await", "import", "from"}
@@ -263,6 +269,16 @@ def _line_loop_end(lines: list[str], starts: list[int], line_prefix: str) -> int
     return None
 
 
+def _symbol_run(lines: list[str], line_prefix: str) -> tuple[int, int] | None:
+    """(line, column) where the first run of one symbol in code starts (see _SYMBOL_RUN)."""
+    for row, line in enumerate(lines):
+        for m in _SYMBOL_RUN.finditer(line):
+            before = (line_prefix if row == 0 else "") + line[:m.start()]
+            if re.search(r"\w", before) and not _NOT_CODE_BEFORE.search(before):
+                return row, m.start()
+    return None
+
+
 def _unit_loop(lines: list[str]) -> tuple[int, int] | None:
     """(line, column) where the first loop of a unit of characters starts (see _UNIT_RUN)."""
     for row, line in enumerate(lines):
@@ -291,13 +307,18 @@ def find_loop(text: str, line_prefix: str = "") -> int | None:
       (on 100 held-out generations this showed 0.99 of points where Tabby's rule of dropping
       the line showed 0.81, with more similarity; keeping the loop's first copy, the earlier
       rule, scored the same within noise);
-    - such a loop on a later line: that whole line goes (a half line would end the block).
+    - such a loop on a later line: that whole line goes (a half line would end the block);
+    - a run of one symbol after code on its line (_SYMBOL_RUN), cut or dropped the same way.
     """
     lines = text.split("\n")
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line) + 1)
     cuts = []
+    run = _symbol_run(lines, line_prefix)
+    if run is not None:
+        row, col = run
+        cuts.append(col if row == 0 else starts[row] - 1)
     end = _line_loop_end(lines, starts, line_prefix)
     if end is not None:
         cuts.append(end)

@@ -57,6 +57,24 @@ class TestLoops:
     def test_code_that_repeats_a_little_is_not_a_loop(self, text):
         assert find_loop(text) is None
 
+    def test_a_run_of_one_symbol_after_code_is_a_loop(self):
+        # bench quality met this one: `self.value !` answered with 47 `!`, shown, uncounted
+        assert finalize("!" * 47, "        return self.value !", "", Mode(False, 0)) is None
+        assert finalize("= value or self.x ==========", "    if a !", "", Mode(False, 0)) == "= value or self.x"
+        assert find_loop("x = 1\n    y ========= 2") == len("x = 1")  # a later line goes whole
+
+    @pytest.mark.parametrize("text, line_prefix", [
+        ("==========", "    # "),             # a banner comment
+        ("x = 1  # ==========", ""),
+        ('print("==========")', ""),            # a string
+        ("----------", "    "),                 # a reST underline in a docstring: a line of its own
+        ("int x; /* ********** */", ""),        # C comments, SQL and Lua ones
+        ("x = 1 -- ----------", ""),
+        ("))))))))))", "(f (g (h"),             # brackets are balance_brackets' business
+    ])
+    def test_rulers_in_comments_strings_and_own_lines_are_not_loops(self, text, line_prefix):
+        assert find_loop(text, line_prefix) is None
+
     def test_the_first_line_counts_at_the_cursors_indentation(self):
         # the first line follows the editor's indentation; a stray leading space does not count
         assert find_loop(" x.append(1)\n    x.append(1)", "    ") is not None
