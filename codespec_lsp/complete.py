@@ -69,6 +69,9 @@ def token_logprobs(tokenizer, prompt: Sequence[int], result: GenerationResult, h
 
 HEAL_MAX_TOKENS = 8  # a long half-typed name (`post_order_f` is 6 tokens here) is backed up whole
 _WORD_PIECE = re.compile(r"[ \t]?\w+")
+_TYPED_WORD = re.compile(r"\w+$")
+_WORD_CHARS = re.compile(r"\w*")
+WORDS_WINDOW = 100_000
 
 
 def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
@@ -105,6 +108,19 @@ def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
     if not heal or not prompt.endswith(heal):
         return ids, ""  # the tokens' text does not read back exactly: backing up would change the prompt
     return ids[:cut], heal
+
+
+def document_words(source: str, offset: int, heal: str) -> set[str]:
+    """The names near the cursor that the half-typed word `heal` ends in could become: those in
+    `source` starting with it, the cursor's own word left out (engine.heal.Heal leans to them).
+    Only WORDS_WINDOW characters each side are read, so a huge file costs no more."""
+    typed, before = _TYPED_WORD.search(heal), _TYPED_WORD.search(source, 0, offset)
+    if typed is None or before is None or before.group(0) != typed.group(0):
+        return set()  # no word, or more of it typed than was backed up: no lean
+    start, end = before.start(), _WORD_CHARS.match(source, offset).end()
+    names = re.compile(r"(?<!\w)" + re.escape(typed.group(0)) + r"\w*")
+    return set(names.findall(source, max(start - WORDS_WINDOW, 0), start)) | \
+        set(names.findall(source, end, end + WORDS_WINDOW))
 
 
 def _backed_up(tokenizer, ids: list[int], cut: int) -> str:
@@ -162,7 +178,8 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     ids, heal = prompt_ids(backend, prompt.text)
     lookup = backend.encode(prompt.lookup_text) if prompt.lookup_text else []
     gen = backend.generate(ids, max_new_tokens=max_tokens, cancel=cancel, speculative=speculative,
-                           key=key, lookup_ids=lookup, heal=heal, **generate_options)
+                           key=key, lookup_ids=lookup, heal=heal,
+                           words=document_words(source, offset, heal), **generate_options)
     result = run(gen, backend.tokenizer, ids, stop_fn=_after_heal(heal, lambda text: block_end(text, mode)))
     if heal:  # the text as seen from the cursor: what was backed up over is already typed
         result.text = result.text[len(heal):] if result.text.startswith(heal) else ""

@@ -3,10 +3,13 @@ ending mid-line, and the engine constrains its first token(s) to re-type it, los
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from codespec_lsp.complete import HEAL_MAX_TOKENS, complete_at, prompt_ids, run
+from codespec_lsp.complete import HEAL_MAX_TOKENS, complete_at, document_words, prompt_ids, run
+from codespec_lsp.engine.heal import WORD_BIAS, Heal, HealVocab
 from codespec_lsp.context import ContextBuilder
 from engine_helpers import make_engine, random_draft_like, tiny_parts
 
@@ -22,13 +25,22 @@ def parts():
     return tiny_parts()
 
 
-def healed_reference(target, engine, ids: list[int], heal: str, n: int) -> list[int]:
+def healed_reference(target, engine, ids: list[int], heal: str, n: int, words=(), bias: float = 0.0
+                     ) -> list[int]:
     """The target's own greedy decoding under the constraint, by hand: while part of `heal` is
     still to come, only tokens whose text starts with the rest, or is a non-empty prefix of it;
     when `heal` ends in indentation, a token covering it does not go on with a space or tab; a
-    token covering part of it and stopping inside a word is the longest such token."""
+    token covering part of it and stopping inside a word is the longest such token. While the
+    word `heal` ends inside is unfinished and some of `words` start with it, a token after which
+    it can be none of them loses `bias` (a token ending right at the word keeps it only when the
+    word is one of them: the word goes on otherwise, from a split the tokenizer never makes; a
+    token going on into a name is the longest piece of it the vocabulary has, for the same reason)."""
     texts, rest, out = engine.heal_vocab.texts, heal, []
     indent = heal.rsplit("\n", 1)[-1] != "" and not heal.rsplit("\n", 1)[-1].strip()
+    typed = re.search(r"\w+$", heal)
+    names = [w for w in words if typed and w.startswith(typed.group(0))]
+    word = typed.group(0) if names and bias > 0 else None
+    known = set(texts)
 
     def allowed(t: str) -> bool:
         if t.startswith(rest):
@@ -38,18 +50,47 @@ def healed_reference(target, engine, ids: list[int], heal: str, n: int) -> list[
         longest = max(len(u) for u in texts if u and len(u) < len(rest) and rest.startswith(u))
         return len(t) == longest or not (rest[len(t)].isalnum() or rest[len(t)] == "_")
 
+    def grown(t: str) -> str | None:
+        """The text `t` adds to the word (None: `t` only covers part of `rest`)."""
+        if rest and not t.startswith(rest):
+            return None
+        return t[len(rest):]
+
+    def longest_piece(name: str) -> str | None:
+        ahead = name[len(word):]
+        return next((rest + ahead[:n] for n in range(len(ahead), 0, -1) if rest + ahead[:n] in known), None)
+
+    def keeps_word(t: str) -> bool:
+        more = grown(t)
+        if more is None:
+            return True
+        if not more:
+            return bool(rest) and word in names
+        stem = re.match(r"\w*", more).group(0)
+        if stem == more:  # the word goes on: by the longest piece of a name there is
+            return any(longest_piece(w) == t for w in names if w.startswith(word))
+        return word + stem in names
+
     with torch.no_grad():
         for _ in range(n):
             logits = target(torch.tensor([ids + out])).logits[0, -1, :engine.vocab_size]
             if rest:
                 ok = torch.tensor([allowed(t) for t in texts])
                 logits = logits.masked_fill(~ok, float("-inf"))
+            if word is not None:
+                keep = torch.tensor([keeps_word(t) for t in texts])
+                logits = logits - bias * (~keep).float()
             token = int(logits.argmax())
             if token in engine.stop_ids:
                 break
             out.append(token)
+            more = grown(texts[token])
             if rest:
-                rest = "" if texts[token].startswith(rest) else rest[len(texts[token]):]
+                rest = "" if more is not None else rest[len(texts[token]):]
+            if word is not None and more:
+                word = word + more if re.fullmatch(r"\w*", more) else None
+                if word is not None and not any(w.startswith(word) for w in names):
+                    word = None
     return out
 
 
@@ -87,7 +128,6 @@ def test_prompt_ids_backs_up_a_half_typed_word_whole(parts):
 def test_a_token_covering_part_of_a_word_is_the_longest_one():
     """Inside a word only the longest partial cover is open (the tokenizer's own split is never
     " f" + "eatures"); where the rest goes on with a space or symbol, every partial cover is."""
-    from codespec_lsp.engine.heal import Heal, HealVocab
     texts = ["", " f", " feature", " features", " featured", "s", " ", "\n", "\n  ", " if", "x."]
     vocab = HealVocab(texts)
     heal = Heal(vocab, " features")
@@ -113,6 +153,69 @@ def test_healed_speculative_equals_healed_target_greedy(parts, kind):
                                      speculative=kind != "target"), tok, ids)
         assert result.tokens == healed_reference(target, engine, ids, heal, N_NEW), (kind, prompt)
         assert result.text.startswith(heal) or heal.startswith(result.text)
+
+
+@pytest.mark.parametrize("kind", ["target", "embedded", "identical", "random", "ngram"])
+def test_leaning_to_the_documents_words_stays_lossless(parts, kind):
+    """With `words`, speculative output is still the target's own greedy output under the same
+    scores (mask and word bias), and the bias does change what is written. The identical draft
+    proposes the target's unbiased choices 4 at a time: a verify row past the first that missed
+    the bias would keep them."""
+    tok, target, draft = parts
+    draft_model, drafter = {"target": (None, "ngram"), "embedded": (draft, "model"),
+                            "identical": (target, "model"), "random": (random_draft_like(target), "model"),
+                            "ngram": (None, "ngram")}[kind]
+    engine = make_engine(target, draft_model, tok, drafter=drafter)
+    engine.fixed_k = 4
+    cases = [("class Box:\n    def size(self):\n        ret", {"retina_scan", "return", "retry"}),
+             ("import os\n\npath = os.pa", {"pathlib_thing", "pa"}),
+             ("def go(post_order_fixers):\n    post_order_f", {"post_order_fixers"})]
+    changed = False
+    for prompt, words in cases:
+        ids, heal = prompt_ids(engine, prompt)
+        plain = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, speculative=False), tok, ids)
+        leaning = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, words=words,
+                                      speculative=kind != "target"), tok, ids)
+        assert leaning.tokens == healed_reference(target, engine, ids, heal, N_NEW, words, WORD_BIAS), prompt
+        changed |= leaning.tokens != plain.tokens
+    assert changed
+
+
+def test_the_word_bias_falls_on_tokens_that_leave_the_documents_words():
+    texts = ["", "fix", "ers", "_", "a", "app", "applied", "and", "lied", ":", "applied:", " ", "ap"]
+    heal = Heal(HealVocab(texts), "fixers_a", words={"fixers_applied", "fixers_apply", "other"})
+    assert heal.word == "fixers_a" and heal.words == ["fixers_applied", "fixers_apply"]
+
+    def kept(h):
+        return sorted(texts[i] for i in (~h.unlikely(h.rest, h.word)).nonzero().flatten())
+    assert kept(heal) == ["fix"]  # re-typing the rest in parts keeps every word open
+    heal.accept([texts.index("fix"), texts.index("ers"), texts.index("_")])
+    # the rest whole and on into one of the words; not "a" alone (`a` + `pplied` is no split the
+    # tokenizer makes), not "and"
+    # (and the longest piece of each: "app" for fixers_apply, "applied" but not "ap")
+    assert heal.rest == "a" and kept(heal) == ["app", "applied", "applied:"]
+    heal.accept([texts.index("app")])
+    assert heal.rest == "" and heal.word == "fixers_app"
+    assert kept(heal) == ["lied"]  # ":" would end the word as `fixers_app`, none of them
+    heal.accept([texts.index("lied")])
+    assert heal.word == "fixers_applied" and ":" in kept(heal) and " " in kept(heal)
+    heal.accept([texts.index(":")])
+    assert heal.word is None  # finished: nothing more leans
+    logits = torch.zeros(2, len(texts))
+    assert torch.equal(heal.mask(logits, [0]), logits)
+    assert Heal(HealVocab(texts), "fixers_a", words={"other"}).word is None  # no word to lean to
+    assert Heal(HealVocab(texts), " ", words={"fixers_applied"}).word is None
+
+
+def test_document_words_are_the_names_the_typed_word_can_become():
+    source = "def fixers_applied(fixers):\n    return fixers_a\n\nfixers_after = 1\nfixers_ab.x"
+    cursor = source.index("fixers_a\n") + len("fixers_a")
+    assert document_words(source, cursor, "fixers_a") == {"fixers_applied", "fixers_after", "fixers_ab"}
+    assert document_words(source, cursor, " fixers_a") == {"fixers_applied", "fixers_after", "fixers_ab"}
+    assert document_words(source, cursor, "rs_a") == set()  # more was typed than backed up
+    assert document_words(source, cursor, "\n    ") == set()
+    mid = source.index("fixers_applied") + 3  # in the middle of a word: its own text is left out
+    assert "fixers_applied" not in document_words(source, mid, "fix")
 
 
 def test_no_extra_space_after_indentation(parts):
@@ -157,7 +260,6 @@ def test_sampled_text_always_re_types_heal(parts):
 def test_allowed_masks_are_computed_once_per_vocabulary_not_per_request():
     """Every keystroke in one word heals the same text: its mask (a pass over the vocabulary) is
     reused by the next request, and the indentation rule keeps its own mask."""
-    from codespec_lsp.engine.heal import Heal, HealVocab
     vocab = HealVocab(["", " a", "  ", "x"])
     first, second = Heal(vocab, " "), Heal(vocab, " ")
     assert first.allowed(" ") is second.allowed(" ")

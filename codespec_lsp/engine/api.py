@@ -50,7 +50,9 @@ class GenerationResult:
     prefill_tokens: int = 0   # prompt tokens the target had to run (not served from the KV cache)
     reused_tokens: int = 0    # prompt tokens served from the target's KV prefix cache
     wall_s: float = 0.0
-    logprobs: list[float] = field(default_factory=list)  # target log-prob of each token in `tokens`
+    # The target's log-prob of each token in `tokens`, under token healing's scores where they
+    # apply (heal.Heal: given what was typed, as the confidence gate should judge it).
+    logprobs: list[float] = field(default_factory=list)
     prefill_s: float = 0.0    # where wall_s went: prompt prefill, drafting, verify forwards, the rest
     draft_s: float = 0.0
     verify_s: float = 0.0

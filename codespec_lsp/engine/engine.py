@@ -15,7 +15,7 @@ import functools
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -198,16 +198,17 @@ class Engine:
     def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None, lookup_ids: Sequence[int] = (),
-                 heal: str = "", drafter: str | None = None) -> Generation:
+                 heal: str = "", words: Iterable[str] = (), drafter: str | None = None) -> Generation:
         """A Generation: iterate it for new token ids, `close()` it to stop; `.result` has counts.
-        `heal`: the generated text must start with it (token healing; see heal.py)."""
+        `heal`: the generated text must start with it (token healing; see heal.py). `words`: the
+        document's identifiers, which a word `heal` ends inside leans to (heal.Heal)."""
         result = GenerationResult()
         steps = self._steps(list(ids), result, max_new_tokens, temperature, top_p, seed, cancel,
-                            speculative, key, list(lookup_ids), heal, drafter)
+                            speculative, key, list(lookup_ids), heal, list(words), drafter)
         return Generation(steps, result)
 
     def _steps(self, ids, result: GenerationResult, max_new_tokens, temperature, top_p, seed,
-               cancel, speculative, key, lookup, heal, drafter):
+               cancel, speculative, key, lookup, heal, words, drafter):
         started = time.perf_counter()
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
         seq = self.fit(ids, reserve=max(PREFILL_RESERVE, max_new_tokens + K_MAX + 1))
@@ -217,7 +218,7 @@ class Engine:
             device = next(self.target_model.parameters()).device
             generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
             sampling = Sampling(temperature, top_p, generator)
-        healing = Heal(self.heal_vocab, heal) if heal else None
+        healing = Heal(self.heal_vocab, heal, words) if heal else None
         sources = self.sources(speculative, drafter)
         draft_forwards_before = sum(s.forwards for s in sources)
 

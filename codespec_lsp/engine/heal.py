@@ -15,16 +15,32 @@ deeper line ("\n       " + " if" for 8 spaces), so the model taking "\n    " the
 `def` and postprocess.strip_doubled_indent drops the space. Forbidding that space here was tried:
 the model, kept from the word it meant, wrote `._collections_abc = {}` or `. This is a string`
 instead (7 of 300 `bench quality` points changed: three lost a right `def`, none gained).
+
+`heal` ends inside a word: the word leans to the document's names (Heal, `words`). A 6-layer model
+seeing `node.fixers_a` writes `nd_levels`, though `fixers_applied` is 40 lines up; with the bias,
+tokens that would make the word none of the names lose WORD_BIAS from their logits until the
+word is finished, so a name the model strongly wants still comes, and greedy speculative output is
+the target's own greedy output under the same scores (tested with a draft proposing unbiased
+choices). Log-probs reported for the confidence gate are read from these scores too.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
+from collections.abc import Iterable
 
 import torch
 from cachetools import LRUCache
 
 _WORD = re.compile(r"\w")
+_WORD_CHARS = re.compile(r"\w*")
+_TYPED_WORD = re.compile(r"\w+$")
+# Picked with `bench quality --points 300` on 14 of CPython's own test files, which neither
+# training nor benchmarks/heldout read: prefix chars 1.84 without it, 1.96 / 1.99 / 2.17 at
+# 3 / 6 / 10 (benchmarks/results/word_bias_tuning_cpu_tiny.json). At 10 a new name still comes
+# when the model is e^10 times surer of it than of any of the document's. 0 turns it off.
+WORD_BIAS = 10.0
 MASKS_KEPT = 64  # (rest, indent, device) masks kept; a [V] bool mask each (32 KB at 32,000 ids)
 
 
@@ -60,7 +76,12 @@ class HealVocab:
 
     def __init__(self, texts: list[str]) -> None:
         self.texts = texts
-        self._texts_set = set(texts)
+        self._ids_of: dict[str, list[int]] = {}
+        for i, t in enumerate(texts):
+            if t:
+                self._ids_of.setdefault(t, []).append(i)
+        self._sorted = sorted(self._ids_of)  # for the ids whose text starts with a given text
+        self._enders = [i for t, same in self._ids_of.items() if not _WORD.match(t) for i in same]
         self._masks: LRUCache = LRUCache(maxsize=MASKS_KEPT)
 
     def allowed(self, rest: str, indent: bool, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -77,39 +98,108 @@ class HealVocab:
 
     def longest_prefix(self, rest: str) -> int:
         """Length of the longest id text that is a proper prefix of `rest` (0: none)."""
-        return max((n for n in range(len(rest) - 1, 0, -1) if rest[:n] in self._texts_set), default=0)
+        return max((n for n in range(len(rest) - 1, 0, -1) if rest[:n] in self._ids_of), default=0)
 
     def advance(self, rest: str, token: int, indent: bool) -> str | None:
         return advance(rest, self.texts[token], indent, self.longest_prefix(rest))
 
+    def word_keeping(self, rest: str, word: str, words: list[str]) -> list[int]:
+        """Ids after which the word being typed, `word` so far with `rest` still to re-type, can
+        still be one of `words` (each starting with `word`): a part of `rest`; or `rest` and then
+        the longest piece of one of them the vocabulary has (as `advance` takes only the longest
+        part of a word: `li` + `ed` is no split the tokenizer makes of `lied`); or `rest` and then
+        all the rest of one of them, finished by a character no word holds. A token ending right
+        at `word` counts only when `word` is one of them, for the same reason (`a` + `pplied`)."""
+        ids = [i for n in range(1, len(rest)) for i in self._ids_of.get(rest[:n], ())]
+        for w in words:
+            more = w[len(word):]
+            piece = next((rest + more[:n] for n in range(len(more), -1, -1)
+                          if rest + more[:n] in self._ids_of), None)
+            if piece is not None and (len(piece) > len(rest) or not more):
+                ids += self._ids_of[piece]
+            head = rest + more
+            if not head:  # the word is finished already: any token starting with a symbol
+                ids += self._enders
+                continue
+            at = bisect.bisect_left(self._sorted, head)
+            while at < len(self._sorted) and self._sorted[at].startswith(head):
+                if len(self._sorted[at]) > len(head) and not _WORD.match(self._sorted[at], len(head)):
+                    ids += self._ids_of[self._sorted[at]]
+                at += 1
+        return ids
+
 
 class Heal:
-    """The constraint for one generation: `rest` is the part of `heal` not yet generated."""
+    """The constraint for one generation: `rest` is the part of `heal` not yet generated.
 
-    def __init__(self, vocab: HealVocab, heal: str) -> None:
+    `words`: the document's identifiers. When `heal` ends inside a word that some of them begin
+    with, then until that word is finished, a token that would make it none of them (a new name,
+    or a path that reaches none) has its logit lowered by `word_bias`. A small model spells a name
+    it saw 200 lines up as a new one (`self.fixers_a` + `nd_levels`); the bias is part of the target's
+    scores, like the mask, so speculative output stays the target's own greedy output under it."""
+
+    def __init__(self, vocab: HealVocab, heal: str, words: Iterable[str] = (),
+                 word_bias: float = WORD_BIAS) -> None:
         self.vocab, self.rest = vocab, heal
         tail = heal.rsplit("\n", 1)[-1]
         self.indent = bool(tail) and not tail.strip()  # the cursor is right after indentation
+        typed = _TYPED_WORD.search(heal)
+        self.words = sorted({w for w in words if typed and w.startswith(typed.group(0))})
+        self.word = typed.group(0) if self.words and word_bias > 0 else None  # the word so far
+        self.word_bias = word_bias
+        self._unlikely: dict[tuple[str, str], torch.Tensor] = {}
 
     def allowed(self, rest: str, device: torch.device | str = "cpu") -> torch.Tensor:
         return self.vocab.allowed(rest, self.indent, device)
 
     def mask(self, logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
-        """logits [K+1, V]: row i (the token after drafted[:i]) keeps only allowed tokens."""
-        rest, out = self.rest, logits
+        """logits [K+1, V]: row i (the token after drafted[:i]) keeps only allowed tokens, and
+        while the cursor's word is unfinished, those that keep it one of `words` gain on the rest."""
+        rest, word, out = self.rest, self.word, logits
         for i in range(len(drafted) + 1):
-            if not rest:
+            if not rest and word is None:
                 break
             if out is logits:
                 out = logits.clone()
-            out[i].masked_fill_(~self.allowed(rest, logits.device), float("-inf"))
+            if rest:
+                out[i].masked_fill_(~self.allowed(rest, logits.device), float("-inf"))
+            if word is not None:
+                out[i] -= self.word_bias * self.unlikely(rest, word, logits.device)
             if i < len(drafted):
-                rest = self.vocab.advance(rest, drafted[i], self.indent)
+                rest, word = self._after(rest, word, drafted[i])
                 if rest is None:
                     break  # drafted[i] is masked out, so it is rejected: later rows never count
         return out
 
     def accept(self, tokens: list[int]) -> None:
         for t in tokens:
-            if self.rest:
-                self.rest = self.vocab.advance(self.rest, t, self.indent) or ""
+            if self.rest or self.word is not None:
+                rest, self.word = self._after(self.rest, self.word, t)
+                self.rest = rest or ""
+
+    def _after(self, rest: str, word: str | None, token: int) -> tuple[str | None, str | None]:
+        """(rest, word) after `token`: rest None when the token breaks the constraint; word None
+        once the word is finished (a token goes on past it)."""
+        text = self.vocab.texts[token]
+        if rest:
+            left = self.vocab.advance(rest, token, self.indent)
+            if left is None:
+                return None, None
+            if left:
+                return left, word
+            text = text[len(rest):]
+        if word is not None and text:
+            word = word + text if _WORD_CHARS.match(text).end() == len(text) else None
+            at = bisect.bisect_left(self.words, word or "")
+            if word is not None and not (at < len(self.words) and self.words[at].startswith(word)):
+                word = None  # none of them any more: nothing to lean to
+        return "", word
+
+    def unlikely(self, rest: str, word: str, device: torch.device | str = "cpu") -> torch.Tensor:
+        """[V] bool: the tokens after which the cursor's word can no longer be one of `words`."""
+        key = (rest, word)
+        if key not in self._unlikely:
+            mask = torch.ones(len(self.vocab.texts), dtype=torch.bool)
+            mask[self.vocab.word_keeping(rest, word, [w for w in self.words if w.startswith(word)])] = False
+            self._unlikely[key] = mask
+        return self._unlikely[key].to(device)

@@ -109,5 +109,5 @@ def step(target, seq: list[int], drafts: list, sampling, vocab: int, cancel=None
     for drafter, _ in drafts:
         drafter.rollback(len(seq) + n)
     new = x[:n] + [token]
-    logp = torch.log_softmax(logits[:n + 1].float(), dim=-1)[torch.arange(n + 1), torch.tensor(new)]
+    logp = torch.log_softmax(constrained[:n + 1].float(), dim=-1)[torch.arange(n + 1), torch.tensor(new)]
     return Step(new, logp.tolist(), source, len(x), n, len(fed), t1 - t0, time.perf_counter() - t1)

@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -510,9 +510,12 @@ class RemoteBackend:
     def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None,
-                 lookup_ids: Sequence[int] = (), heal: str = "") -> RemoteGeneration:
+                 lookup_ids: Sequence[int] = (), heal: str = "", words: Iterable[str] = ()
+                 ) -> RemoteGeneration:
         """`heal`: the answer must start with it (token healing; see _heal). `speculative` and
-        `lookup_ids` are the server's business and ignored here."""
+        `lookup_ids` are the server's business and ignored here, and so is `words` (the lean to
+        the document's identifiers, heal.Heal): the server picks every token after the healing
+        ones, and vLLM's `logit_bias` cannot follow a word across tokens."""
         ids = self._fit(list(ids), max_new_tokens)
         with self._open_lock:
             previous = self._open.pop(key, None) if key is not None else None
