@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 
-from codespec_lsp.complete import HEAL_MAX_TOKENS, complete_at, document_words, prompt_ids, run
+from codespec_lsp.complete import (HEAL_MAX_TOKENS, WORDS_WINDOW, complete_at, document_words,
+                                  prompt_ids, run)
 from codespec_lsp.engine.heal import WORD_BIAS, Heal, HealVocab
 from codespec_lsp.context import ContextBuilder
 from engine_helpers import make_engine, random_draft_like, tiny_parts
@@ -216,6 +217,9 @@ def test_document_words_are_the_names_the_typed_word_can_become():
     assert document_words(source, cursor, "\n    ") == set()
     mid = source.index("fixers_applied") + 3  # in the middle of a word: its own text is left out
     assert "fixers_applied" not in document_words(source, mid, "fix")
+    far = "fixers_far = 0\n" + "#\n" * WORDS_WINDOW + source  # a huge file: only a window is read
+    assert document_words(far, len(far) - len(source) + cursor, "fixers_a") == \
+        {"fixers_applied", "fixers_after", "fixers_ab"}
 
 
 def test_no_extra_space_after_indentation(parts):
