@@ -17,7 +17,7 @@ the model, kept from the word it meant, wrote `._collections_abc = {}` or `. Thi
 instead (7 of 300 `bench quality` points changed: three lost a right `def`, none gained).
 
 `heal` ends inside a word: the word leans to the document's names (Heal, `words`). A 6-layer model
-seeing `node.fixers_a` writes `nd_levels`, though `fixers_applied` is 40 lines up; with the bias,
+seeing `node.fixers_a` writes `nd_levels`, though the file uses `fixers_applied`; with the bias,
 tokens that would make the word none of the names lose WORD_BIAS from their logits until the
 word is finished, so a name the model strongly wants still comes, and greedy speculative output is
 the target's own greedy output under the same scores (tested with a draft proposing unbiased
@@ -135,7 +135,7 @@ class Heal:
     `words`: the document's identifiers. When `heal` ends inside a word that some of them begin
     with, then until that word is finished, a token that would make it none of them (a new name,
     or a path that reaches none) has its logit lowered by `word_bias`. A small model spells a name
-    it saw 200 lines up as a new one (`self.fixers_a` + `nd_levels`); the bias is part of the target's
+    the file uses as a new one (`node.fixers_a` + `nd_levels`); the bias is part of the target's
     scores, like the mask, so speculative output stays the target's own greedy output under it."""
 
     def __init__(self, vocab: HealVocab, heal: str, words: Iterable[str] = (),
