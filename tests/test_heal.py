@@ -31,11 +31,12 @@ def healed_reference(target, engine, ids: list[int], heal: str, n: int, words=()
     """The target's own greedy decoding under the constraint, by hand: while part of `heal` is
     still to come, only tokens whose text starts with the rest, or is a non-empty prefix of it;
     when `heal` ends in indentation, a token covering it does not go on with a space or tab; a
-    token covering part of it and stopping inside a word is the longest such token. While the
-    word `heal` ends inside is unfinished and some of `words` start with it, a token after which
-    it can be none of them loses `bias` (a token ending right at the word keeps it only when the
-    word is one of them: the word goes on otherwise, from a split the tokenizer never makes; a
-    token going on into a name is the longest piece of it the vocabulary has, for the same reason)."""
+    token covering part of it and stopping inside a word or indentation is the longest such
+    token. While the word `heal` ends inside is unfinished and some of `words` start with it, a
+    token after which it can be none of them loses `bias` (a token ending right at the word keeps
+    it only when the word is one of them: the word goes on otherwise, from a split the tokenizer
+    never makes; a token going on into a name is the longest piece of it the vocabulary has, for
+    the same reason)."""
     texts, rest, out = engine.heal_vocab.texts, heal, []
     indent = heal.rsplit("\n", 1)[-1] != "" and not heal.rsplit("\n", 1)[-1].strip()
     typed = re.search(r"\w+$", heal)
@@ -49,7 +50,7 @@ def healed_reference(target, engine, ids: list[int], heal: str, n: int, words=()
         if not t or not rest.startswith(t):
             return False
         longest = max(len(u) for u in texts if u and len(u) < len(rest) and rest.startswith(u))
-        return len(t) == longest or not (rest[len(t)].isalnum() or rest[len(t)] == "_")
+        return len(t) == longest or not (rest[len(t)].isalnum() or rest[len(t)] in "_ \t")
 
     def grown(t: str) -> str | None:
         """The text `t` adds to the word (None: `t` only covers part of `rest`)."""
@@ -127,16 +128,17 @@ def test_prompt_ids_backs_up_a_half_typed_word_whole(parts):
 
 
 def test_a_token_covering_part_of_a_word_is_the_longest_one():
-    """Inside a word only the longest partial cover is open (the tokenizer's own split is never
-    " f" + "eatures"); where the rest goes on with a space or symbol, every partial cover is."""
+    """Inside a word or a run of indentation only the longest partial cover is open (the
+    tokenizer's own split is never " f" + "eatures"); where the rest goes on with a symbol, every
+    partial cover is."""
     texts = ["", " f", " feature", " features", " featured", "s", " ", "\n", "\n  ", " if", "x."]
     vocab = HealVocab(texts)
     heal = Heal(vocab, " features")
     assert [texts[i] for i in heal.allowed(heal.rest).nonzero().flatten()] == [" feature", " features"]
     heal.accept([texts.index(" feature")])
     assert heal.rest == "s"
-    line = Heal(vocab, "\n    ")  # the rest of the indentation may come in any piece
-    assert [texts[i] for i in line.allowed(line.rest).nonzero().flatten()] == ["\n", "\n  "]
+    line = Heal(vocab, "\n    ")  # the indentation too: "\n" + "    if" is no split either
+    assert [texts[i] for i in line.allowed(line.rest).nonzero().flatten()] == ["\n  "]
     assert [texts[i] for i in Heal(vocab, "x.f").allowed("x.f").nonzero().flatten()] == ["x."]
 
 

@@ -34,6 +34,7 @@ import torch
 from cachetools import LRUCache
 
 _WORD = re.compile(r"\w")
+_IN_RUN = re.compile(r"[\w \t]")  # a character that goes on a word or a run of indentation
 _WORD_CHARS = re.compile(r"\w*")
 _TYPED_WORD = re.compile(r"\w+$")
 # Picked with `bench quality --points 300` on 14 of CPython's own test files, which neither
@@ -58,12 +59,16 @@ def advance(rest: str, text: str, indent: bool = False, longest: int = 0) -> str
     """What is left of `rest` after a token reading `text`; None when the token breaks it.
     indent: `rest` ends the typed indentation, which the token may not lengthen.
     longest: the length of the longest text in the vocabulary that is a proper prefix of `rest`.
-    A token covering only part of `rest` and stopping inside a word must be that longest one:
-    " f" + "eatures" is a split the model never saw in training (the tokenizer writes
-    " feature" + "s"), and a model led into it writes words like "featuresh"."""
+    A token covering only part of `rest` and stopping inside a word or a run of spaces must be that
+    longest one: " f" + "eatures" is a split the model never saw in training (the tokenizer writes
+    " feature" + "s"), and a model led into it writes words like "featuresh"; "\n" + "    " is
+    one too (the tokenizer writes "\n   " + " if"), taken where the model meant a blank line or a
+    dedent, and it went on with `= re.compile(...` or `------` (on 14 CPython test files
+    `bench quality` prefix chars rose 2.17 → 2.40; on benchmarks/heldout 21 suggestions changed,
+    2 gained and 2 lost)."""
     if text.startswith(rest):
         return None if indent and text[len(rest):len(rest) + 1] in (" ", "\t") else ""
-    if text and rest.startswith(text) and (len(text) == longest or not _WORD.match(rest, len(text))):
+    if text and rest.startswith(text) and (len(text) == longest or not _IN_RUN.match(rest, len(text))):
         return rest[len(text):]
     return None
 
