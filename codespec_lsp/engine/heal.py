@@ -39,7 +39,8 @@ _WORD_CHARS = re.compile(r"\w*")
 _TYPED_WORD = re.compile(r"\w+$")
 # Picked with `bench quality --points 300` on 14 of CPython's own test files, which neither
 # training nor benchmarks/heldout read: prefix chars 1.84 without it, 1.96 / 1.99 / 2.17 at
-# 3 / 6 / 10 (benchmarks/results/word_bias_tuning_cpu_tiny.json). At 10 a new name still comes
+# 3 / 6 / 10, and 2.22 / 2.40 at 6 / 10 once indentation was healed by its longest piece too
+# (benchmarks/results/word_bias_tuning_cpu_tiny.json). At 10 a new name still comes
 # when the model is e^10 times surer of it than of any of the document's. 0 turns it off.
 WORD_BIAS = 10.0
 MASKS_KEPT = 64  # (rest, indent, device) masks kept; a [V] bool mask each (32 KB at 32,000 ids)
