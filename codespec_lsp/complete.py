@@ -100,7 +100,7 @@ def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
     cut = len(ids) - 1
     heal = _backed_up(tokenizer, ids, cut)
     while (cut > 1 and len(ids) - cut < HEAL_MAX_TOKENS and ids[cut - 1] not in special
-           and re.match(r"\w", heal)):
+           and _WORD_CHAR.match(heal)):
         piece = _backed_up(tokenizer, ids[:cut], cut - 1)
         if not _WORD_PIECE.fullmatch(piece):
             break
