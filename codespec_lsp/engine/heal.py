@@ -153,7 +153,7 @@ class Heal:
         self.words = sorted({w for w in words if typed and w.startswith(typed.group(0))})
         self.word = typed.group(0) if self.words and word_bias > 0 else None  # the word so far
         self.word_bias = word_bias
-        self._unlikely: dict[tuple[str, str], torch.Tensor] = {}
+        self._unlikely: dict[tuple[str, str, torch.device], torch.Tensor] = {}
 
     def allowed(self, rest: str, device: torch.device | str = "cpu") -> torch.Tensor:
         return self.vocab.allowed(rest, self.indent, device)
@@ -194,18 +194,25 @@ class Heal:
             if left:
                 return left, word
             text = text[len(rest):]
-        if word is not None and text:
-            word = word + text if _WORD_CHARS.match(text).end() == len(text) else None
-            at = bisect.bisect_left(self.words, word or "")
-            if word is not None and not (at < len(self.words) and self.words[at].startswith(word)):
-                word = None  # none of them any more: nothing to lean to
-        return "", word
+        if word is None or not text:
+            return "", word
+        if _WORD_CHARS.match(text).end() < len(text):
+            return "", None  # the word is finished
+        word += text
+        at = bisect.bisect_left(self.words, word)
+        leads = at < len(self.words) and self.words[at].startswith(word)
+        return "", word if leads else None  # none of them any more: nothing to lean to
 
     def unlikely(self, rest: str, word: str, device: torch.device | str = "cpu") -> torch.Tensor:
-        """[V] bool: the tokens after which the cursor's word can no longer be one of `words`."""
-        key = (rest, word)
+        """[V] bool on `device`: the tokens after which the cursor's word can no longer be one of
+        `words`. Kept per device, as HealVocab keeps its masks: a verify forward asks every step."""
+        key = (rest, word, torch.device(device))
         if key not in self._unlikely:
-            mask = torch.ones(len(self.vocab.texts), dtype=torch.bool)
-            mask[self.vocab.word_keeping(rest, word, [w for w in self.words if w.startswith(word)])] = False
-            self._unlikely[key] = mask
-        return self._unlikely[key].to(device)
+            on_cpu = (rest, word, torch.device("cpu"))
+            if on_cpu not in self._unlikely:
+                mask = torch.ones(len(self.vocab.texts), dtype=torch.bool)
+                names = [w for w in self.words if w.startswith(word)]
+                mask[self.vocab.word_keeping(rest, word, names)] = False
+                self._unlikely[on_cpu] = mask
+            self._unlikely[key] = self._unlikely[on_cpu].to(key[2])
+        return self._unlikely[key]
