@@ -88,7 +88,9 @@ def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
     left with " re" in the prompt the model must go on from a split it never saw in training
     (" return" is one token), so it answered `ret = ...`; backed up to " ret", " return" is open.
     Word pieces (an optional space, then letters, digits, `_`) are backed up while the text
-    already backed up starts inside the word, up to HEAL_MAX_TOKENS."""
+    already backed up starts inside the word, up to HEAL_MAX_TOKENS. So is any token that one
+    vocabulary token would read together with the text backed up (`value !` reads " " + "!", and
+    " !=" is one token: left after a lone " ", the model wrote `!!!!`), but not over a newline."""
     ids = backend.encode(prompt)
     tokenizer = getattr(backend, "tokenizer", None)
     if (not getattr(backend, "supports_heal", False) or tokenizer is None or len(ids) < 2
@@ -99,10 +101,11 @@ def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
         return ids, ""  # e.g. a FIM prompt ending in <MID>
     cut = len(ids) - 1
     heal = _backed_up(tokenizer, ids, cut)
-    while (cut > 1 and len(ids) - cut < HEAL_MAX_TOKENS and ids[cut - 1] not in special
-           and _WORD_CHAR.match(heal)):
+    vocab = backend.heal_vocab
+    while cut > 1 and len(ids) - cut < HEAL_MAX_TOKENS and ids[cut - 1] not in special:
         piece = _backed_up(tokenizer, ids[:cut], cut - 1)
-        if not _WORD_PIECE.fullmatch(piece):
+        if not ((_WORD_CHAR.match(heal) and _WORD_PIECE.fullmatch(piece))
+                or ("\n" not in piece and vocab.spanned(piece + heal))):
             break
         cut, heal = cut - 1, piece + heal
     heal = _backed_up(tokenizer, ids, cut)  # decoded as a whole: what the prompt really loses

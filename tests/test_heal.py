@@ -127,6 +127,20 @@ def test_prompt_ids_backs_up_a_half_typed_word_whole(parts):
     assert 0 < len(engine.encode(long)) - len(prompt_ids(engine, long)[0]) <= HEAL_MAX_TOKENS
 
 
+def test_prompt_ids_backs_up_a_token_the_vocabulary_reads_with_the_next(parts):
+    """`self.value !` reads " " + "!", and " !=" is one token: backing up only "!" left the model
+    after a lone " ", a split it never saw, and it wrote `!!!!`."""
+    tok, target, _ = parts
+    engine = make_engine(target, None, tok)
+    for prompt, healed in [("if self.value !", " !"), ("x = a !", " !")]:
+        full = engine.encode(prompt)
+        ids, heal = prompt_ids(engine, prompt)
+        assert heal == healed and ids == full[:len(ids)] and len(full) - len(ids) == 2
+        assert engine.heal_vocab.spanned(heal)  # " !=" is open again
+    ids, heal = prompt_ids(engine, "x = f(a)")  # ")" after "a": no token reads "a)", nothing more
+    assert heal == ")" and ids == engine.encode("x = f(a)")[:-1]
+
+
 def test_a_token_covering_part_of_a_word_is_the_longest_one():
     """Inside a word or a run of indentation only the longest partial cover is open (the
     tokenizer's own split is never " f" + "eatures"); where the rest goes on with a symbol, every

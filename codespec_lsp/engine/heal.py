@@ -102,6 +102,11 @@ class HealVocab:
             self._masks[key] = self._masks[on_cpu].to(key[2])
         return self._masks[key]
 
+    def spanned(self, text: str) -> bool:
+        """Whether some id's text goes on past `text` (starts with it and is longer)."""
+        at = bisect.bisect_right(self._sorted, text)
+        return at < len(self._sorted) and self._sorted[at].startswith(text)
+
     def longest_prefix(self, rest: str) -> int:
         """Length of the longest id text that is a proper prefix of `rest` (0: none)."""
         return max((n for n in range(len(rest) - 1, 0, -1) if rest[:n] in self._ids_of), default=0)
