@@ -14,6 +14,7 @@ from pathlib import Path
 
 from codespec_lsp.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
+from codespec_lsp.engine.heal import typed_word
 from codespec_lsp.postprocess import block_end, decide_mode, finalize
 
 
@@ -69,7 +70,6 @@ def token_logprobs(tokenizer, prompt: Sequence[int], result: GenerationResult, h
 
 HEAL_MAX_TOKENS = 8  # a long half-typed name (`post_order_f` is 6 tokens here) is backed up whole
 _WORD_PIECE = re.compile(r"[ \t]?\w+")
-_TYPED_WORD = re.compile(r"\w+$")
 _WORD_CHARS = re.compile(r"\w*")
 _WORD_CHAR = re.compile(r"\w")
 WORDS_WINDOW = 50_000
@@ -118,8 +118,7 @@ def document_words(source: str, offset: int, heal: str) -> set[str]:
     """The names near the cursor that the half-typed word `heal` ends in could become: those in
     `source` starting with it, the cursor's own word left out (engine.heal.Heal leans to them).
     Only WORDS_WINDOW characters each side are read (~3 ms): a huge file costs no more."""
-    typed = _TYPED_WORD.search(heal)
-    word = typed.group(0) if typed else ""
+    word = typed_word(heal)
     start = offset - len(word)
     if not word or source[start:offset] != word or _WORD_CHAR.match(source[start - 1:start]):
         return set()  # no word, or more of it typed than was backed up: no lean

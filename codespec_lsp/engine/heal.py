@@ -46,6 +46,12 @@ WORD_BIAS = 10.0
 MASKS_KEPT = 64  # (rest, indent, device) masks kept; a [V] bool mask each (32 KB at 32,000 ids)
 
 
+def typed_word(text: str) -> str:
+    """The word (letters, digits, `_`) `text` ends in: "" when it ends in none."""
+    typed = _TYPED_WORD.search(text)
+    return typed.group(0) if typed else ""
+
+
 def token_texts(tokenizer, vocab_size: int) -> list[str]:
     """Each id's text as it reads after other text (decoders such as CodeLlama's strip the leading
     space of a text's first token, so every id is decoded behind a context id). Special tokens and
@@ -154,9 +160,9 @@ class Heal:
         self.vocab, self.rest = vocab, heal
         tail = heal.rsplit("\n", 1)[-1]
         self.indent = bool(tail) and not tail.strip()  # the cursor is right after indentation
-        typed = _TYPED_WORD.search(heal)
-        self.words = sorted({w for w in words if typed and w.startswith(typed.group(0))})
-        self.word = typed.group(0) if self.words and word_bias > 0 else None  # the word so far
+        typed = typed_word(heal)
+        self.words = sorted({w for w in words if typed and w.startswith(typed)})
+        self.word = typed if self.words and word_bias > 0 else None  # the word so far
         self.word_bias = word_bias
         self._unlikely: dict[tuple[str, str, torch.device], torch.Tensor] = {}
 
