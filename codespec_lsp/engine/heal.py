@@ -113,9 +113,11 @@ class HealVocab:
         at = bisect.bisect_right(self._sorted, text)
         return at < len(self._sorted) and self._sorted[at].startswith(text)
 
-    def longest_prefix(self, rest: str) -> int:
-        """Length of the longest id text that is a proper prefix of `rest` (0: none)."""
-        return max((n for n in range(len(rest) - 1, 0, -1) if rest[:n] in self._ids_of), default=0)
+    def longest_prefix(self, rest: str, proper: bool = True) -> int:
+        """Length of the longest id text that is a prefix of `rest`, a proper one unless `proper`
+        is False (0: none)."""
+        top = len(rest) - 1 if proper else len(rest)
+        return next((n for n in range(top, 0, -1) if rest[:n] in self._ids_of), 0)
 
     def advance(self, rest: str, token: int, indent: bool) -> str | None:
         return advance(rest, self.texts[token], indent, self.longest_prefix(rest))
@@ -130,11 +132,10 @@ class HealVocab:
         ids = [i for n in range(1, len(rest)) for i in self._ids_of.get(rest[:n], ())]
         for w in words:
             more = w[len(word):]
-            piece = next((rest + more[:n] for n in range(len(more), -1, -1)
-                          if rest + more[:n] in self._ids_of), None)
-            if piece is not None and (len(piece) > len(rest) or not more):
-                ids += self._ids_of[piece]
             head = rest + more
+            n = self.longest_prefix(head, proper=False)
+            if n and (n > len(rest) or (n == len(rest) and not more)):
+                ids += self._ids_of[head[:n]]
             if not head:  # the word is finished already: any token starting with a symbol
                 ids += self._enders
                 continue
