@@ -232,8 +232,8 @@ def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = ""
     """Train for `steps`, or with `minutes` until that time is up (`steps` then only caps it): the
     schedule follows the clock, so a run on a machine of unknown speed still anneals before its
     time runs out. With `line_starts` (line_start_ids), a token after one weighs
-    `line_start_weight` in the cross-entropy (the logged `ce` stays the plain mean). Returns the
-    steps run."""
+    `line_start_weight` in the cross-entropy (the logged `ce` stays the plain mean); only without
+    a `teacher`: a distilled draft follows the target everywhere. Returns the steps run."""
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
     device = next(model.parameters()).device
