@@ -237,6 +237,8 @@ def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = ""
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
     device = next(model.parameters()).device
+    if line_starts is not None:
+        line_starts = line_starts.to(device)  # once, not a host-to-device copy every step
     t0 = time.time()
     step = 0
     while step < steps:
@@ -256,7 +258,7 @@ def train(model, data, steps: int, peak_lr: float, teacher=None, label: str = ""
         ce = ce_each.mean()
         loss = ce
         if line_starts is not None and line_start_weight != 1.0:
-            weight = 1 + (line_start_weight - 1) * line_starts.to(device)[x[:, :-1]].reshape(-1).float()
+            weight = 1 + (line_start_weight - 1) * line_starts[x[:, :-1]].reshape(-1).float()
             loss = (ce_each * weight).sum() / weight.sum()
         if teacher is not None:
             with torch.no_grad(), autocast(bf16, device):
@@ -355,7 +357,8 @@ def main() -> None:
         target_run = train(target, batches(stream, tokenizer.bos_token_id, args.batch, rng, args.seq),
                            args.target_steps, peak_lr, label="target", warmup=args.warmup,
                            bf16=args.bf16, minutes=args.target_minutes,
-                           line_starts=line_start_ids(tokenizer), line_start_weight=args.line_start_weight)
+                           line_starts=line_start_ids(tokenizer) if args.line_start_weight != 1.0 else None,
+                           line_start_weight=args.line_start_weight)
         save(target, tokenizer, args.out / "target")
     target_minutes = (time.time() - t_start) / 60
 
