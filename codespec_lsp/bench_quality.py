@@ -146,7 +146,8 @@ def _finalize_calls():
 
 
 def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, seed: int = 0,
-                  min_confidence: float | None = None, sweep: tuple[float, ...] = ()) -> dict:
+                  min_confidence: float | None = None, sweep: tuple[float, ...] = (),
+                  copy_weight: float | None = None) -> dict:
     """The FIELDS for `points` points; with `sweep`, also the same figures per threshold (under
     "sweep", computed from the same generations: finalize is pure, only the gate differs)."""
     root = Path(corpus) if corpus else HELD_OUT
@@ -163,7 +164,7 @@ def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, se
         with _finalize_calls() as calls:
             result, text = complete_at(engine, builder, key, point.document, point.offset,
                                        max_tokens=settings.max_tokens,
-                                       min_confidence=min_confidence)
+                                       min_confidence=min_confidence, copy_weight=copy_weight)
         scores.append(score(point, text))
         for t in sweep:
             # finalize is pure: the same call with another threshold is what that setting shows
@@ -184,7 +185,8 @@ def run_quality_bench(args) -> int:
                          trust_remote_code=args.trust_remote_code)
     sweep = tuple(float(t) for t in args.sweep.split(",")) if args.sweep else ()
     result = quality_bench(engine, corpus=args.corpus, points=args.points,
-                           min_confidence=args.min_confidence, sweep=sweep)
+                           min_confidence=args.min_confidence, sweep=sweep,
+                           copy_weight=args.copy_weight)
     out = json.dumps(result, indent=2)
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)

@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     bq.add_argument("--json", dest="json_path", default=None, help="write the JSON here")
     bq.add_argument("--min-confidence", type=float, default=None,
                     help="the confidence gate's threshold, a probability 0..1 (default: the server's)")
+    bq.add_argument("--copy-weight", type=float, default=None,
+                    help="the copy prior's share in the scores, 0..1 (default: the server's)")
     bq.add_argument("--sweep", default=None,
                     help="comma-separated thresholds to score too, from the same generations")
 

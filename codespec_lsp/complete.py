@@ -14,6 +14,7 @@ from pathlib import Path
 
 from codespec_lsp.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
+from codespec_lsp.engine.copy_prior import COPY_WEIGHT
 from codespec_lsp.engine.heal import typed_word
 from codespec_lsp.postprocess import block_end, decide_mode, finalize
 
@@ -175,8 +176,10 @@ def run(gen, tokenizer=None, prompt: Sequence[int] = (), stop: Sequence[str] = (
 def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset: int, *,
                 max_tokens: int, cancel: CancelToken | None = None, speculative: bool = True,
                 others: Sequence[tuple[str, str]] = (), min_confidence: float | None = None,
-                **generate_options) -> tuple[GenerationResult, str | None]:
-    """(the backend's result with its counts, the text to show or None when there is nothing)."""
+                copy_weight: float | None = None, **generate_options
+                ) -> tuple[GenerationResult, str | None]:
+    """(the backend's result with its counts, the text to show or None when there is nothing).
+    `copy_weight`: the copy prior's share in the scores (engine/copy_prior.py); None: COPY_WEIGHT."""
     prompt = builder.build(key, source, offset, others)
     line_prefix, line_suffix, prev_line = split_line(source, offset)
     mode = decide_mode(line_prefix, line_suffix, prev_line)
@@ -184,7 +187,9 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     lookup = backend.encode(prompt.lookup_text) if prompt.lookup_text else []
     gen = backend.generate(ids, max_new_tokens=max_tokens, cancel=cancel, speculative=speculative,
                            key=key, lookup_ids=lookup, heal=heal,
-                           words=document_words(source, offset, heal), **generate_options)
+                           words=document_words(source, offset, heal),
+                           copy_weight=COPY_WEIGHT if copy_weight is None else copy_weight,
+                           **generate_options)
     result = run(gen, backend.tokenizer, ids, stop_fn=_after_heal(heal, lambda text: block_end(text, mode)))
     if heal:  # the text as seen from the cursor: what was backed up over is already typed
         result.text = result.text[len(heal):] if result.text.startswith(heal) else ""

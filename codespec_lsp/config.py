@@ -62,6 +62,11 @@ class Settings:
     # measured with `codespec-lsp bench quality`. Lower shows more (and worse) suggestions.
     min_confidence: float | None = field(default=None, metadata=_rule(
         lambda v: 0.0 <= v <= 1.0, "a probability from 0 to 1"))
+    # The copy prior (engine/copy_prior.py): how much of "what followed these tokens earlier in
+    # the context" is mixed into the model's next-token distribution (0..1; 0: the model alone).
+    # None: the measured default, COPY_WEIGHT. The in-process engine only.
+    copy_weight: float | None = field(default=None, metadata=_rule(
+        lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1"))
     # An OpenAI-compatible server to complete with instead of the in-process engine (remote/).
     remote: str | None = field(default=None, metadata=_rule(
         lambda v: re.match(r"https?://[^/\s]+", v), "an http:// or https:// URL"))

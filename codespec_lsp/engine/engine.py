@@ -23,6 +23,7 @@ from codespec_lsp.engine import hf
 from codespec_lsp.engine.adaptive import KController, VerifyTimes  # noqa: F401 (KController re-exported)
 from codespec_lsp.engine.api import (CancelToken, Generation, GenerationError, GenerationResult,
                                      fim_tokens_of)
+from codespec_lsp.engine.copy_prior import CopyPrior
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
 from codespec_lsp.engine.heal import Heal, HealVocab, token_texts
 from codespec_lsp.engine.kvcache import PrefixCache
@@ -198,17 +199,21 @@ class Engine:
     def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None, lookup_ids: Sequence[int] = (),
-                 heal: str = "", words: Iterable[str] = (), drafter: str | None = None) -> Generation:
+                 heal: str = "", words: Iterable[str] = (), drafter: str | None = None,
+                 copy_weight: float = 0.0) -> Generation:
         """A Generation: iterate it for new token ids, `close()` it to stop; `.result` has counts.
         `heal`: the generated text must start with it (token healing; see heal.py). `words`: the
-        document's identifiers, which a word `heal` ends inside leans to (heal.Heal)."""
+        document's identifiers, which a word `heal` ends inside leans to (heal.Heal).
+        `copy_weight`: how much of the copy prior (copy_prior.py) is mixed into the target's
+        distribution; 0, the default, leaves the target's own."""
         result = GenerationResult()
         steps = self._steps(list(ids), result, max_new_tokens, temperature, top_p, seed, cancel,
-                            speculative, key, list(lookup_ids), heal, list(words), drafter)
+                            speculative, key, list(lookup_ids), heal, list(words), drafter,
+                            copy_weight)
         return Generation(steps, result)
 
     def _steps(self, ids, result: GenerationResult, max_new_tokens, temperature, top_p, seed,
-               cancel, speculative, key, lookup, heal, words, drafter):
+               cancel, speculative, key, lookup, heal, words, drafter, copy_weight):
         started = time.perf_counter()
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
         seq = self.fit(ids, reserve=max(PREFILL_RESERVE, max_new_tokens + K_MAX + 1))
@@ -219,6 +224,7 @@ class Engine:
             generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
             sampling = Sampling(temperature, top_p, generator)
         healing = Heal(self.heal_vocab, heal, words) if heal else None
+        copying = CopyPrior(copy_weight) if copy_weight > 0 else None
         sources = self.sources(speculative, drafter)
         draft_forwards_before = sum(s.forwards for s in sources)
 
@@ -242,7 +248,7 @@ class Engine:
                     break
                 plan = self._plan(sources, room=max_new_tokens - new_count - 1)
                 try:
-                    out = step(target, seq, plan, sampling, self.vocab_size, cancel, healing)
+                    out = step(target, seq, plan, sampling, self.vocab_size, cancel, healing, copying)
                 except hf.ForwardCancelled:
                     result.cancelled = True  # stopped between layers; the forward was rolled back
                     break

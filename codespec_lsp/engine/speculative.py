@@ -80,12 +80,15 @@ class Step:
     verify_s: float
 
 
-def step(target, seq: list[int], drafts: list, sampling, vocab: int, cancel=None, heal=None) -> Step:
+def step(target, seq: list[int], drafts: list, sampling, vocab: int, cancel=None, heal=None,
+         copy=None) -> Step:
     """One speculative step: draft K, verify them in one target forward, accept, crop both caches.
 
     target: a KV holding a prefix of seq, at least seq[:-1]. drafts: (drafter, K) pairs, asked in
     turn until one proposes. Returns the new tokens: the longest accepted draft prefix, then one
     token from the target (its correction, or the bonus token when every draft was kept).
+    heal (heal.Heal) and copy (copy_prior.CopyPrior) are part of the target's scores: drafts are
+    verified against the scores they give.
     """
     t0 = time.perf_counter()
     proposal, source = None, None
@@ -100,6 +103,8 @@ def step(target, seq: list[int], drafts: list, sampling, vocab: int, cancel=None
     fed = seq[len(target):] + x
     logits = target.extend(fed)[-(len(x) + 1):, :vocab]               # [K+1, V] one forward
     constrained = heal.mask(logits, x) if heal is not None else logits
+    if copy is not None:
+        constrained = copy.mix(constrained, seq, x)
     if sampling is None:                                              # greedy: argmax agreement
         n, token = verify_greedy(constrained, x)
     else:                                                             # keep x_i w.p. min(1, p/q)

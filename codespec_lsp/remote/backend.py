@@ -510,12 +510,14 @@ class RemoteBackend:
     def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None,
-                 lookup_ids: Sequence[int] = (), heal: str = "", words: Iterable[str] = ()
-                 ) -> RemoteGeneration:
+                 lookup_ids: Sequence[int] = (), heal: str = "", words: Iterable[str] = (),
+                 copy_weight: float = 0.0) -> RemoteGeneration:
         """`heal`: the answer must start with it (token healing; see _heal). `speculative` and
         `lookup_ids` are the server's business and ignored here, and so is `words` (the lean to
         the document's identifiers, heal.Heal): the server picks every token after the healing
-        ones, and vLLM's `logit_bias` cannot follow a word across tokens."""
+        ones, and vLLM's `logit_bias` cannot follow a word across tokens. `copy_weight` too: the
+        copy prior (engine/copy_prior.py) reweighs every step's distribution, which the
+        OpenAI-compatible API does not let a client do."""
         ids = self._fit(list(ids), max_new_tokens)
         with self._open_lock:
             previous = self._open.pop(key, None) if key is not None else None

@@ -1,0 +1,178 @@
+"""The copy prior (engine/copy_prior.py): a cache n-gram model of the context mixed into the
+target's scores. Its counts, the mix, and that speculative decoding stays lossless under it."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from codespec_lsp.complete import prompt_ids, run
+from codespec_lsp.engine.copy_prior import ORDERS, CopyPrior
+from engine_helpers import generate_text, make_engine, random_draft_like, tiny_parts, toy_pair
+
+# Code that repeats itself, as tests and tables do: the prior has something to copy.
+PROMPTS = ["def test_sizes(self):\n    self.assertEqual(size(a), 1)\n    self.assertEqual(size(b), 2)\n"
+           "    self.assertEqual(size(c), 3)\n    self.assert",
+           "x = [\n    ('one', 1),\n    ('two', 2),\n    ('three', 3),\n    ('",
+           "import os\n\npath = os.path.join(root, name)\nbase = os.path.join(root, "]
+N_NEW = 16
+WEIGHT = 0.5
+
+
+def copy_probs(tokens: list[int], vocab: int, orders=ORDERS) -> torch.Tensor:
+    """p_copy by brute force: per order n, what followed every earlier occurrence of the last n
+    tokens, as shares; averaged over the orders that occurred (all zero when none did)."""
+    rows = []
+    for n in orders:
+        key = tokens[-n:]
+        followers = [tokens[j] for j in range(n, len(tokens)) if tokens[j - n:j] == key]
+        if followers:
+            rows.append(torch.bincount(torch.tensor(followers), minlength=vocab).float() / len(followers))
+    return torch.stack(rows).mean(0) if rows else torch.zeros(vocab)
+
+
+def copy_reference(target, engine, ids: list[int], n: int, weight: float) -> list[int]:
+    """The target's own greedy decoding under the mixed scores, one full forward per token."""
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = target(torch.tensor([ids + out])).logits[0, -1, :engine.vocab_size]
+            probs = torch.softmax(logits.float(), -1)
+            copy = copy_probs(ids + out, engine.vocab_size)
+            mixed = (1 - weight) * probs + weight * copy if copy.sum() > 0 else probs
+            token = int(mixed.argmax())
+            if token in engine.stop_ids:
+                break
+            out.append(token)
+    return out
+
+
+@pytest.fixture(scope="module")
+def parts():
+    return tiny_parts()
+
+
+def test_the_copy_distribution_averages_what_followed_each_order():
+    seq = [5, 1, 2, 5, 1, 3, 7, 1]
+    prior = CopyPrior(orders=(1, 2))
+    prior._index(seq)
+    # order 1: after 1 came 2 and 3; order 2, (7, 1): never before, so it does not count
+    assert prior.distribution(seq) == {2: 0.5, 3: 0.5}
+    assert prior.distribution([9]) == {}  # nothing matches: the target alone
+    seq = [4, 6, 1, 9, 6, 2, 4, 6]
+    prior = CopyPrior(orders=(1, 2))
+    prior._index(seq)
+    # order 1, (6,): 1 then 2; order 2, (4, 6): 1 only. Each order's shares, averaged.
+    assert prior.distribution(seq) == pytest.approx({1: (1 / 2 + 1) / 2, 2: (1 / 2) / 2})
+    # positions past the index (drafted, not accepted yet) count the same
+    partly = CopyPrior(orders=(1, 2))
+    partly._index(seq[:3])
+    assert partly.distribution(seq) == pytest.approx(prior.distribution(seq))
+
+
+def test_drafted_tokens_count_as_if_accepted():
+    """Row i of a verify forward must score what a token-by-token decode would, once drafted[:i]
+    had been accepted: their n-grams count too."""
+    seq, drafted, vocab = [3, 1, 2, 3, 1, 4, 3, 1], [2, 3, 1, 4], 6
+    logits = torch.randn(len(drafted) + 1, vocab, generator=torch.Generator().manual_seed(0))
+    mixed = CopyPrior(WEIGHT).mix(logits, seq, drafted)
+    for i in range(len(drafted) + 1):
+        alone = CopyPrior(WEIGHT).mix(logits[i:i + 1], seq + drafted[:i], [])
+        assert torch.allclose(mixed[i], alone[0]), i
+        copy = copy_probs(seq + drafted[:i], vocab)
+        assert copy.sum() > 0, i  # every row has a match here: each one is mixed
+        want = (1 - WEIGHT) * torch.softmax(logits[i], -1) + WEIGHT * copy
+        assert torch.allclose(mixed[i].exp(), want, atol=1e-6), i
+    unmatched = torch.randn(1, vocab)
+    assert torch.equal(CopyPrior(WEIGHT).mix(unmatched, [0, 1, 2, 3], []), unmatched)
+
+
+def test_the_mix_is_a_distribution_that_keeps_ruled_out_tokens_out():
+    prior = CopyPrior(WEIGHT)
+    seq = [1, 2, 3, 1, 2, 4, 1, 2]  # after (1, 2): 3 and 4
+    logits = torch.zeros(1, 6)
+    logits[0, 4] = float("-inf")  # e.g. token healing forbids 4
+    mixed = prior.mix(logits, seq, [])
+    assert math.isclose(float(torch.logsumexp(mixed[0], -1)), 0.0, abs_tol=1e-5)
+    assert mixed[0, 4] == float("-inf")  # its copy share goes to 3, the allowed one
+    assert math.isclose(float(mixed[0, 3].exp()), 0.5 / 5 + 0.5, rel_tol=1e-5)
+    assert CopyPrior(0.0).mix(logits, seq, []) is logits
+    only_ruled_out = torch.zeros(1, 6)
+    only_ruled_out[0, [3, 4]] = float("-inf")
+    assert torch.equal(prior.mix(only_ruled_out, seq, []), only_ruled_out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["target", "embedded", "identical", "random", "ngram"])
+def test_speculative_output_is_the_greedy_output_under_the_prior(parts, kind):
+    """Whatever drafts, the tokens are the greedy choice of the mixed scores, by hand; and the
+    prior does change what is written. The identical draft proposes the target's unmixed
+    choices 4 at a time, so a verify row that missed the mix would keep them."""
+    tok, target, draft = parts
+    draft_model, drafter = {"target": (None, "ngram"), "embedded": (draft, "model"),
+                            "identical": (target, "model"), "random": (random_draft_like(target), "model"),
+                            "ngram": (None, "ngram")}[kind]
+    engine = make_engine(target, draft_model, tok, drafter=drafter)
+    engine.fixed_k = 4
+    changed = False
+    for prompt in PROMPTS:
+        ids = engine.encode(prompt)
+        plain = run(engine.generate(ids, max_new_tokens=N_NEW, speculative=False), tok, ids)
+        mixed = run(engine.generate(ids, max_new_tokens=N_NEW, copy_weight=WEIGHT,
+                                    speculative=kind != "target"), tok, ids)
+        assert mixed.tokens == copy_reference(target, engine, ids, N_NEW, WEIGHT), (kind, prompt)
+        changed |= mixed.tokens != plain.tokens
+    assert changed
+
+
+@pytest.mark.slow
+def test_with_token_healing_speculative_equals_target_only(parts):
+    """Both adjustments at once (the mask first, then the mix): drafting changes nothing, and the
+    text still re-types what healing backed up."""
+    tok, target, draft = parts
+    engine = make_engine(target, draft, tok, drafter="model")
+    engine.fixed_k = 4
+    for prompt in PROMPTS:
+        ids, heal = prompt_ids(engine, prompt)
+        assert heal
+        alone = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, copy_weight=WEIGHT,
+                                    speculative=False), tok, ids)
+        drafted = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, copy_weight=WEIGHT), tok, ids)
+        assert drafted.tokens == alone.tokens, prompt
+        assert drafted.text.startswith(heal), (prompt, drafted.text)
+
+
+def test_sampling_follows_the_mixed_distribution():
+    """Two sampled tokens from a toy 6-symbol pair with the prior on, against the exact joint
+    distribution of the mixed scores (the rejection rule runs against them)."""
+    tok, target, draft = toy_pair(vocab=6)
+    engine = make_engine(target, draft, tok, drafter="model", prefix_cache=False)
+    engine.fixed_k = 1  # always draft: both sampled tokens go through the rejection rule
+    prompt = "w1 w2 w3 w1 w2 w4 w1 w2"  # after (w1 w2): w3 or w4; after w2: w3, w4, or w1 w2 again
+    ids = engine.encode_prompt(prompt, reserve=16)
+
+    def mixed(tokens: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            probs = torch.softmax(target(torch.tensor([tokens])).logits[0, -1], -1)
+        copy = copy_probs(tokens, 6)
+        return (1 - WEIGHT) * probs + WEIGHT * copy if copy.sum() > 0 else probs
+    first = mixed(ids)
+    exact = {(a, b): float(first[a] * mixed(ids + [a])[b]) for a in range(6) for b in range(6)}
+    trials = 3000
+    counts = Counter(tuple(generate_text(engine, prompt, max_new_tokens=2, temperature=1.0, seed=s,
+                                         copy_weight=WEIGHT).tokens) for s in range(trials))
+    assert sum(counts.values()) == trials and all(len(k) == 2 for k in counts)
+    big = [k for k in exact if exact[k] * trials >= 5]
+    pooled_p = 1 - sum(exact[k] for k in big)
+    pooled_n = trials - sum(counts[k] for k in big)
+    chi2 = sum((counts[k] - trials * exact[k]) ** 2 / (trials * exact[k]) for k in big)
+    if pooled_p * trials >= 1:
+        chi2 += (pooled_n - trials * pooled_p) ** 2 / (trials * pooled_p)
+    assert chi2 < 80.0, chi2  # > 99.9th percentile of chi-square with <= 36 degrees of freedom
+    with torch.no_grad():
+        plain = torch.softmax(target(torch.tensor([ids])).logits[0, -1], -1)
+    # the prior moves the first token's distribution far: a sampler ignoring it would fail above
+    assert 0.5 * float((plain - first).abs().sum()) > 0.2
