@@ -30,6 +30,7 @@ export interface ExtensionSettings {
   contextTokens: number | null;
   otherDocuments: boolean;
   minConfidence: number | null;
+  copyWeight: number | null;
   remote: string | null;
   remoteModel: string | null;
   apiKeyEnv: string | null;
@@ -51,6 +52,7 @@ export type ServerSettings = Partial<{
   contextTokens: number;
   otherDocuments: boolean;
   minConfidence: number;
+  copyWeight: number;
   remote: string;
   remoteModel: string;
   apiKeyEnv: string;
@@ -93,6 +95,7 @@ export function readSettings(cfg: ConfigLike): ExtensionSettings {
     contextTokens: int(cfg.get('contextTokens')),
     otherDocuments: cfg.get<boolean>('otherDocuments') === true,
     minConfidence: num(cfg.get('minConfidence')),
+    copyWeight: num(cfg.get('copyWeight')),
     remote: text(cfg.get('remote')),
     remoteModel: text(cfg.get('remoteModel')),
     apiKeyEnv: text(cfg.get('apiKeyEnv')),
@@ -103,8 +106,8 @@ export function readSettings(cfg: ConfigLike): ExtensionSettings {
 /** The server-side keys, in the order they are sent. */
 export const SERVER_KEYS = [
   'enable', 'preset', 'draft', 'target', 'device', 'dtype', 'allowDownload', 'trustRemoteCode',
-  'maxTokens', 'debounceMs', 'contextTokens', 'otherDocuments', 'minConfidence', 'remote',
-  'remoteModel', 'apiKeyEnv', 'logLevel',
+  'maxTokens', 'debounceMs', 'contextTokens', 'otherDocuments', 'minConfidence', 'copyWeight',
+  'remote', 'remoteModel', 'apiKeyEnv', 'logLevel',
 ] as const;
 
 /**

@@ -32,6 +32,7 @@ const defaults = {
   trustRemoteCode: false,
   otherDocuments: false,
   minConfidence: null,
+  copyWeight: null,
   remote: null,
   remoteModel: null,
   apiKeyEnv: null,
@@ -56,6 +57,7 @@ test('every server setting goes under its own key', () => {
       trustRemoteCode: true,
       otherDocuments: true,
       minConfidence: 0.35,
+      copyWeight: 0,
       remote: 'http://127.0.0.1:8000/v1',
       remoteModel: 'codellama',
       apiKeyEnv: 'VLLM_KEY',
@@ -70,6 +72,7 @@ test('every server setting goes under its own key', () => {
     trustRemoteCode: true,
     otherDocuments: true,
     minConfidence: 0.35,
+    copyWeight: 0,
     remote: 'http://127.0.0.1:8000/v1',
     remoteModel: 'codellama',
     apiKeyEnv: 'VLLM_KEY',
@@ -108,8 +111,8 @@ test('the server never receives keys it does not know (it reports them as errors
   const s = readSettings(config({ ...defaults, preset: 'tiny', 'server.args': ['--log-file', 'x'] }));
   const known = [
     'enable', 'preset', 'draft', 'target', 'device', 'dtype', 'allowDownload', 'trustRemoteCode',
-    'maxTokens', 'debounceMs', 'contextTokens', 'otherDocuments', 'minConfidence', 'remote',
-    'remoteModel', 'apiKeyEnv', 'logLevel',
+    'maxTokens', 'debounceMs', 'contextTokens', 'otherDocuments', 'minConfidence', 'copyWeight',
+    'remote', 'remoteModel', 'apiKeyEnv', 'logLevel',
   ];
   for (const key of Object.keys(serverSettings(s))) assert.ok(known.includes(key), key);
 });
