@@ -35,14 +35,16 @@ def copy_probs(tokens: list[int], vocab: int, orders=ORDERS) -> torch.Tensor:
 
 
 def copy_reference(target, engine, ids: list[int], n: int, weight: float) -> list[int]:
-    """The target's own greedy decoding under the mixed scores, one full forward per token."""
+    """The target's own greedy decoding under the mixed scores, one full forward per token; the
+    mix stops once the new text holds a newline (the prior scores the first line only)."""
     out: list[int] = []
     with torch.no_grad():
         for _ in range(n):
             logits = target(torch.tensor([ids + out])).logits[0, -1, :engine.vocab_size]
             probs = torch.softmax(logits.float(), -1)
             copy = copy_probs(ids + out, engine.vocab_size)
-            mixed = (1 - weight) * probs + weight * copy if copy.sum() > 0 else probs
+            first_line = "\n" not in "".join(engine.heal_vocab.texts[t] for t in out)
+            mixed = (1 - weight) * probs + weight * copy if copy.sum() > 0 and first_line else probs
             token = int(mixed.argmax())
             if token in engine.stop_ids:
                 break
@@ -103,6 +105,28 @@ def test_the_mix_is_a_distribution_that_keeps_ruled_out_tokens_out():
     only_ruled_out = torch.zeros(1, 6)
     only_ruled_out[0, [3, 4]] = float("-inf")
     assert torch.equal(prior.mix(only_ruled_out, seq, []), only_ruled_out)
+
+
+def test_the_prior_scores_the_first_line_only():
+    """Past the first line a copy is whole lines the file already has. A newline in a drafted
+    token ends the mix for the rows after it, as an accepted one does; the newline that token
+    healing re-types first (the cursor's indentation) does not count."""
+    breaks = {9: 1}  # id 9 writes a newline
+    seq = [9, 1, 2, 3, 9, 1, 2, 3, 9, 1, 2]  # the line "1 2 3", twice, and a third one begun
+    drafted = [3, 9, 1, 2]
+    logits = torch.zeros(len(drafted) + 1, 10)
+
+    def mixed_rows(prior: CopyPrior, tokens: list[int], draft: list[int]) -> list[bool]:
+        out = prior.mix(logits[:len(draft) + 1], tokens, draft)
+        return [not torch.equal(out[i], logits[i]) for i in range(len(draft) + 1)]
+    assert mixed_rows(CopyPrior(WEIGHT), seq, drafted) == [True] * 5  # no limit without line_breaks
+    assert mixed_rows(CopyPrior(WEIGHT, line_breaks=breaks, prompt_len=len(seq)), seq, drafted) == \
+        [True, True, False, False, False]
+    assert mixed_rows(CopyPrior(WEIGHT, line_breaks=breaks, prompt_len=len(seq), typed_breaks=1),
+                      seq, drafted) == [True] * 5
+    prior = CopyPrior(WEIGHT, line_breaks=breaks, prompt_len=len(seq))
+    assert mixed_rows(prior, seq, []) == [True]
+    assert mixed_rows(prior, seq + drafted, []) == [False]  # the same newline, once accepted
 
 
 @pytest.mark.slow

@@ -111,6 +111,11 @@ class Engine:
         """Each id's text and the masks token healing reads from it; made on first use."""
         return HealVocab(token_texts(self.tokenizer, self.vocab_size))
 
+    @functools.cached_property
+    def line_breaks(self) -> dict[int, int]:
+        """The ids whose text holds newlines, and how many (the copy prior's first-line limit)."""
+        return {i: t.count("\n") for i, t in enumerate(self.heal_vocab.texts) if "\n" in t}
+
     def set_prefix_cache(self, enabled: bool) -> None:
         """Benchmarks compare against a cold start; the server always keeps it on."""
         self.reset_caches()
@@ -224,7 +229,8 @@ class Engine:
             generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
             sampling = Sampling(temperature, top_p, generator)
         healing = Heal(self.heal_vocab, heal, words) if heal else None
-        copying = CopyPrior(copy_weight) if copy_weight > 0 else None
+        copying = CopyPrior(copy_weight, line_breaks=self.line_breaks, prompt_len=len(seq),
+                            typed_breaks=heal.count("\n")) if copy_weight > 0 else None
         sources = self.sources(speculative, drafter)
         draft_forwards_before = sum(s.forwards for s in sources)
 
