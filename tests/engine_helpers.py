@@ -32,6 +32,32 @@ def make_engine(target, draft, tok, **kw) -> Engine:
                   device="cpu", **kw)
 
 
+DRAFT_KINDS = ["target", "embedded", "identical", "random", "ngram"]
+
+
+def engine_of_kind(kind: str, parts) -> Engine:
+    """An engine over the embedded target drafting in one of DRAFT_KINDS: the target alone (run
+    with speculative=False), the embedded draft, the target itself as draft (it proposes the
+    target's unadjusted choices), a random 1-layer draft, or n-gram lookup."""
+    tok, target, draft = parts
+    draft_model, drafter = {"target": (None, "ngram"), "embedded": (draft, "model"),
+                            "identical": (target, "model"), "random": (random_draft_like(target), "model"),
+                            "ngram": (None, "ngram")}[kind]
+    return make_engine(target, draft_model, tok, drafter=drafter)
+
+
+def pearson_chi_square(counts, exact: dict, trials: int) -> float:
+    """Pearson's chi-square of sampled `counts` against `exact` probabilities per outcome, the
+    outcomes expected fewer than 5 times pooled into one cell."""
+    big = [k for k in exact if exact[k] * trials >= 5]
+    pooled_p = 1 - sum(exact[k] for k in big)
+    pooled_n = trials - sum(counts[k] for k in big)
+    chi2 = sum((counts[k] - trials * exact[k]) ** 2 / (trials * exact[k]) for k in big)
+    if pooled_p * trials >= 1:
+        chi2 += (pooled_n - trials * pooled_p) ** 2 / (trials * pooled_p)
+    return chi2
+
+
 def reference_greedy(target, tok, engine: Engine, prompt: str, n: int) -> list[int]:
     """What transformers' own generate gives for the target alone."""
     ids = engine.encode_prompt(prompt, reserve=n + 9)

@@ -11,7 +11,8 @@ import torch
 
 from codespec_lsp.complete import prompt_ids, run
 from codespec_lsp.engine.copy_prior import ORDERS, CopyPrior
-from engine_helpers import generate_text, make_engine, random_draft_like, tiny_parts, toy_pair
+from engine_helpers import (DRAFT_KINDS, engine_of_kind, generate_text, make_engine, pearson_chi_square,
+                            tiny_parts, toy_pair)
 
 # Code that repeats itself, as tests and tables do: the prior has something to copy.
 PROMPTS = ["def test_sizes(self):\n    self.assertEqual(size(a), 1)\n    self.assertEqual(size(b), 2)\n"
@@ -130,16 +131,13 @@ def test_the_prior_scores_the_first_line_only():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["target", "embedded", "identical", "random", "ngram"])
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
 def test_speculative_output_is_the_greedy_output_under_the_prior(parts, kind):
     """Whatever drafts, the tokens are the greedy choice of the mixed scores, by hand; and the
     prior does change what is written. The identical draft proposes the target's unmixed
     choices 4 at a time, so a verify row that missed the mix would keep them."""
-    tok, target, draft = parts
-    draft_model, drafter = {"target": (None, "ngram"), "embedded": (draft, "model"),
-                            "identical": (target, "model"), "random": (random_draft_like(target), "model"),
-                            "ngram": (None, "ngram")}[kind]
-    engine = make_engine(target, draft_model, tok, drafter=drafter)
+    tok, target, _ = parts
+    engine = engine_of_kind(kind, parts)
     engine.fixed_k = 4
     changed = False
     for prompt in PROMPTS:
@@ -189,12 +187,7 @@ def test_sampling_follows_the_mixed_distribution():
     counts = Counter(tuple(generate_text(engine, prompt, max_new_tokens=2, temperature=1.0, seed=s,
                                          copy_weight=WEIGHT).tokens) for s in range(trials))
     assert sum(counts.values()) == trials and all(len(k) == 2 for k in counts)
-    big = [k for k in exact if exact[k] * trials >= 5]
-    pooled_p = 1 - sum(exact[k] for k in big)
-    pooled_n = trials - sum(counts[k] for k in big)
-    chi2 = sum((counts[k] - trials * exact[k]) ** 2 / (trials * exact[k]) for k in big)
-    if pooled_p * trials >= 1:
-        chi2 += (pooled_n - trials * pooled_p) ** 2 / (trials * pooled_p)
+    chi2 = pearson_chi_square(counts, exact, trials)
     assert chi2 < 80.0, chi2  # > 99.9th percentile of chi-square with <= 36 degrees of freedom
     with torch.no_grad():
         plain = torch.softmax(target(torch.tensor([ids])).logits[0, -1], -1)

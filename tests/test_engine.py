@@ -12,8 +12,8 @@ import torch
 
 from codespec_lsp.engine.api import CancelToken
 from codespec_lsp.engine.kvcache import PrefixCache
-from engine_helpers import (generate_text, prefill_text, CORPUS, make_engine, random_draft_like, reference_greedy, tiny_parts,
-                            toy_pair)
+from engine_helpers import (generate_text, prefill_text, CORPUS, make_engine, pearson_chi_square,
+                            random_draft_like, reference_greedy, tiny_parts, toy_pair)
 
 pytestmark = pytest.mark.slow
 
@@ -120,12 +120,7 @@ def test_sampling_follows_target_distribution():
                      for s in range(trials))
     assert sum(counts.values()) == trials and all(len(k) == 2 for k in counts)
     # Pearson chi-square over the 36 outcomes (cells with tiny expectation pooled).
-    big = [k for k in exact if exact[k] * trials >= 5]
-    pooled_p = 1 - sum(exact[k] for k in big)
-    pooled_n = trials - sum(counts[k] for k in big)
-    chi2 = sum((counts[k] - trials * exact[k]) ** 2 / (trials * exact[k]) for k in big)
-    if pooled_p * trials >= 1:
-        chi2 += (pooled_n - trials * pooled_p) ** 2 / (trials * pooled_p)
+    chi2 = pearson_chi_square(counts, exact, trials)
     assert chi2 < 80.0, chi2  # > 99.9th percentile of chi-square with <= 36 degrees of freedom
     with torch.no_grad():
         q = torch.softmax(draft(torch.tensor([ids])).logits[0, -1], -1)

@@ -12,7 +12,7 @@ from codespec_lsp.complete import (HEAL_MAX_TOKENS, WORDS_WINDOW, complete_at, d
                                   prompt_ids, run)
 from codespec_lsp.engine.heal import WORD_BIAS, Heal, HealVocab
 from codespec_lsp.context import ContextBuilder
-from engine_helpers import make_engine, random_draft_like, tiny_parts
+from engine_helpers import DRAFT_KINDS, engine_of_kind, make_engine, tiny_parts
 
 pytestmark = pytest.mark.slow
 
@@ -156,13 +156,10 @@ def test_a_token_covering_part_of_a_word_is_the_longest_one():
     assert [texts[i] for i in Heal(vocab, "x.f").allowed("x.f").nonzero().flatten()] == ["x."]
 
 
-@pytest.mark.parametrize("kind", ["target", "embedded", "identical", "random", "ngram"])
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
 def test_healed_speculative_equals_healed_target_greedy(parts, kind):
-    tok, target, draft = parts
-    draft_model, drafter = {"target": (None, "ngram"), "embedded": (draft, "model"),
-                            "identical": (target, "model"), "random": (random_draft_like(target), "model"),
-                            "ngram": (None, "ngram")}[kind]
-    engine = make_engine(target, draft_model, tok, drafter=drafter)
+    tok, target, _ = parts
+    engine = engine_of_kind(kind, parts)
     for prompt in PROMPTS:
         ids, heal = prompt_ids(engine, prompt)
         assert heal and prompt.endswith(heal)
@@ -172,17 +169,14 @@ def test_healed_speculative_equals_healed_target_greedy(parts, kind):
         assert result.text.startswith(heal) or heal.startswith(result.text)
 
 
-@pytest.mark.parametrize("kind", ["target", "embedded", "identical", "random", "ngram"])
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
 def test_leaning_to_the_documents_words_stays_lossless(parts, kind):
     """With `words`, speculative output is still the target's own greedy output under the same
     scores (mask and word bias), and the bias does change what is written. The identical draft
     proposes the target's unbiased choices 4 at a time: a verify row past the first that missed
     the bias would keep them."""
-    tok, target, draft = parts
-    draft_model, drafter = {"target": (None, "ngram"), "embedded": (draft, "model"),
-                            "identical": (target, "model"), "random": (random_draft_like(target), "model"),
-                            "ngram": (None, "ngram")}[kind]
-    engine = make_engine(target, draft_model, tok, drafter=drafter)
+    tok, target, _ = parts
+    engine = engine_of_kind(kind, parts)
     engine.fixed_k = 4
     cases = [("class Box:\n    def size(self):\n        ret", {"retina_scan", "return", "retry"}),
              ("import os\n\npath = os.pa", {"pathlib_thing", "pa"}),
