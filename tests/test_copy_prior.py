@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from codespec_lsp.complete import prompt_ids, run
+from codespec_lsp.config import SettingsLayers
 from codespec_lsp.engine.copy_prior import ORDERS, CopyPrior
 from engine_helpers import (DRAFT_KINDS, engine_of_kind, generate_text, make_engine, pearson_chi_square,
                             tiny_parts, toy_pair)
@@ -128,6 +129,15 @@ def test_the_prior_scores_the_first_line_only():
     prior = CopyPrior(WEIGHT, line_breaks=breaks, prompt_len=len(seq))
     assert mixed_rows(prior, seq, []) == [True]
     assert mixed_rows(prior, seq + drafted, []) == [False]  # the same newline, once accepted
+
+
+def test_the_copy_weight_setting_is_read_in_camel_case_and_checked():
+    layers = SettingsLayers()
+    errors, _ = layers.set_init({"copyWeight": 0})
+    assert not errors and layers.effective().copy_weight == 0.0
+    errors, _ = layers.set_workspace({"codespec": {"copyWeight": 1.5}})
+    assert errors and "copyWeight" in errors[0]
+    assert layers.effective().copy_weight == 0.0  # the bad value is dropped, the good one stays
 
 
 @pytest.mark.slow

@@ -470,6 +470,22 @@ async def test_engine_error_gives_empty_answer():
     assert s.stats.answered == 0 and s.counters()["errors"] == 1
 
 
+async def test_the_copy_weight_setting_reaches_the_engine():
+    """copyWeight goes to generate; unset, complete_at gives the measured default."""
+    from codespec_lsp.engine.copy_prior import COPY_WEIGHT
+
+    class Recording(FakeEngine):
+        def generate(self, *a, **k):
+            self.copy_weights.append(k.get("copy_weight"))
+            return super().generate(*a, **k)
+    eng = Recording()
+    eng.copy_weights = []
+    await make(eng).complete(req("x = "))
+    await make(eng, copy_weight=0.0).complete(req("y = "))
+    await make(eng, copy_weight=0.8).complete(req("z = "))
+    assert eng.copy_weights == [COPY_WEIGHT, 0.0, 0.8]
+
+
 async def test_feedback_counts_only_known_ids():
     s = make(FakeEngine())
     out = await s.complete(req("x = "))
