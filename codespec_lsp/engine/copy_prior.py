@@ -52,15 +52,12 @@ class CopyPrior:
         # line of the new text: past it a copy is whole lines the file already holds.
         # typed_breaks: the newlines in the text token healing re-types first (the indentation).
         self.line_breaks, self.prompt_len, self.typed_breaks = line_breaks, prompt_len, typed_breaks
-        self.breaks = 0  # newlines in the accepted new tokens (seq[prompt_len:indexed])
 
     def _index(self, seq: list[int]) -> None:
         for end in range(self.indexed, len(seq)):
             for n in self.orders:
                 if end >= n:
                     self.followers.setdefault(tuple(seq[end - n:end]), []).append(seq[end])
-            if self.line_breaks is not None and end >= self.prompt_len:
-                self.breaks += self.line_breaks.get(seq[end], 0)
         self.indexed = len(seq)
 
     def distribution(self, tokens: list[int]) -> dict[int, float]:
@@ -91,7 +88,8 @@ class CopyPrior:
             return logits
         self._index(seq)
         rows, ids, shares = [], [], []
-        breaks = self.breaks
+        if self.line_breaks is not None:  # newlines in the accepted new tokens (a few dozen)
+            breaks = sum(self.line_breaks.get(t, 0) for t in seq[self.prompt_len:])
         for i in range(len(drafted) + 1):
             if self.line_breaks is not None:
                 if breaks > self.typed_breaks:
