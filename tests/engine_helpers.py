@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -56,6 +57,16 @@ def pearson_chi_square(counts, exact: dict, trials: int) -> float:
     if pooled_p * trials >= 1:
         chi2 += (pooled_n - trials * pooled_p) ** 2 / (trials * pooled_p)
     return chi2
+
+
+def sampled_pairs_chi_square(engine: Engine, prompt: str, exact: dict, trials: int = 3000,
+                             **options) -> float:
+    """pearson_chi_square of `trials` seeded two-token samples at temperature 1 against `exact`,
+    the probability of each pair of ids."""
+    counts = Counter(tuple(generate_text(engine, prompt, max_new_tokens=2, temperature=1.0, seed=s,
+                                         **options).tokens) for s in range(trials))
+    assert sum(counts.values()) == trials and all(len(k) == 2 for k in counts)
+    return pearson_chi_square(counts, exact, trials)
 
 
 def reference_greedy(target, tok, engine: Engine, prompt: str, n: int) -> list[int]:
