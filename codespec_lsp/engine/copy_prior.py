@@ -16,9 +16,8 @@ The prior scores the first line of the new text only (given `line_breaks`, as th
 Mixed into every token it also copied whole lines the file already holds into the lines after
 the first: 62 of 300 `bench quality` suggestions on benchmarks/heldout repeated a line from above
 verbatim (the real code over the same lines: 4; `scripts/copied_lines.py`), which a user has no
-use for. On the first
-line only, none did, and the common prefix with the real code hardly moved (held out 3.40 → 3.48,
-on the tuning files 4.64 → 4.58).
+use for. On the first line only, none did, and the common prefix with the real code hardly moved
+(held out 3.40 → 3.48, on the tuning files 4.64 → 4.58).
 
 The mix is part of the target's scores, as token healing's mask is:
 greedy speculative output is the greedy output under these scores token for token (every verify
