@@ -138,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"codespec-lsp {args.command}: invalid setting {err}", file=sys.stderr)
             return 2
     if args.command in (None, "serve"):
-        from codespec_lsp.server import run_server
+        from codespec_lsp.lsp.server import run_server
         return run_server(args)
     if args.command == "complete":
-        from codespec_lsp.complete import run_complete
+        from codespec_lsp.completion.complete import run_complete
         try:
             status = run_complete(args)
             sys.stdout.flush()  # a pipe is block-buffered: the write happens here, not at exit
@@ -152,16 +152,16 @@ def main(argv: list[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
     if args.command == "bench" and args.bench_command == "engine":
-        from codespec_lsp.bench import run_engine_bench
+        from codespec_lsp.bench.engine import run_engine_bench
         return run_engine_bench(args)
     if args.command == "bench" and args.bench_command == "server":
-        from codespec_lsp.bench_server import run_server_bench
+        from codespec_lsp.bench.server import run_server_bench
         return run_server_bench(args)
     if args.command == "bench" and args.bench_command == "quality":
-        from codespec_lsp.bench_quality import run_quality_bench
+        from codespec_lsp.bench.quality import run_quality_bench
         return run_quality_bench(args)
     if args.command == "doctor":
-        from codespec_lsp.doctor import run_doctor
+        from codespec_lsp.planning.doctor import run_doctor
         return run_doctor(args)
     parser.print_help()
     return 2

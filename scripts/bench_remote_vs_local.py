@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from codespec_lsp.bench import completion_points, corpus_files  # noqa: E402
+from codespec_lsp.bench.engine import completion_points, corpus_files  # noqa: E402
 from codespec_lsp.engine import load_engine  # noqa: E402
 from codespec_lsp.remote import connect_remote  # noqa: E402
 

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from codespec_lsp import TINY_DIR
-from codespec_lsp.bench import corpus_files, corpus_stream, next_token_accuracy
-from codespec_lsp.bench_quality import FIELDS, quality_bench
+from codespec_lsp.bench.engine import corpus_files, corpus_stream, next_token_accuracy
+from codespec_lsp.bench.quality import FIELDS, quality_bench
 from codespec_lsp.engine import load_engine
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,10 +15,10 @@ import argparse
 import json
 from pathlib import Path
 
-from codespec_lsp import bench_quality
-from codespec_lsp.complete import complete_at
+from codespec_lsp.bench.engine import quality as bench_quality
+from codespec_lsp.completion.complete import complete_at
 from codespec_lsp.config import Settings, default_context_tokens
-from codespec_lsp.context import ContextBuilder
+from codespec_lsp.completion.context import ContextBuilder
 from codespec_lsp.engine import load_engine
 
 MIN_CHARS = 12  # shorter lines (`else:`, `return None`) repeat in any code

@@ -31,8 +31,8 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from codespec_lsp import planner
-from codespec_lsp.doctor import load_catalog
+from codespec_lsp.planning import planner
+from codespec_lsp.planning.doctor import load_catalog
 from codespec_lsp.engine import hf
 
 DRAFT_ID, TARGET_ID = "codellama/CodeLlama-7b-Python-hf", "codellama/CodeLlama-13b-Python-hf"

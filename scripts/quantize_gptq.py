@@ -97,7 +97,7 @@ def prompts(n: int, chars: int) -> list[str]:
 def check(out: Path, args) -> dict:
     import torch
 
-    from codespec_lsp.complete import run
+    from codespec_lsp.completion.complete import run
     from codespec_lsp.engine import load_engine
 
     torch.manual_seed(0)

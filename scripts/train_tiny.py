@@ -50,7 +50,6 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from codespec_lsp import TINY_DIR
-
 ROOT = Path(__file__).resolve().parent.parent
 OUT = TINY_DIR
 HELD_OUT = ROOT / "benchmarks" / "corpus"

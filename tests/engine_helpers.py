@@ -101,7 +101,7 @@ def toy_pair(vocab: int = 8, seed: int = 0):
 
 def generate_text(engine: Engine, prompt: str, *, stop=(), stop_fn=None, **options):
     """Text in, result out (with `.text`), through the same path complete.py takes."""
-    from codespec_lsp.complete import run
+    from codespec_lsp.completion.complete import run
     ids = engine.encode(prompt)
     return run(engine.generate(ids, **options), engine.tokenizer, ids, stop=stop, stop_fn=stop_fn)
 

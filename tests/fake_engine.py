@@ -159,7 +159,7 @@ def main() -> int:
     """Serve LSP with a FakeEngine, same flags as `codespec-lsp serve` (stdio unless --tcp/--ws);
     FAKE_FORWARD_S slows each simulated forward, FAKE_LOAD_S the load."""
     from codespec_lsp.cli import build_parser
-    from codespec_lsp.server import run_server
+    from codespec_lsp.lsp.server import run_server
 
     args = build_parser().parse_args(["serve", *sys.argv[1:]])
     forward_s = float(os.environ.get("FAKE_FORWARD_S", "0"))

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from codespec_lsp.bench_quality import (
+from codespec_lsp.bench.quality import (
     FIELDS,
     HELD_OUT,
     Point,
@@ -112,9 +112,9 @@ def test_bench_quality_command_on_the_embedded_pair(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_sweep_rescores_the_same_generations(tmp_path, monkeypatch):
-    from codespec_lsp.bench_quality import quality_bench
+    from codespec_lsp.bench.quality import quality_bench
     from codespec_lsp.engine import load_engine
-    from codespec_lsp.postprocess import DEFAULT_MIN_CONFIDENCE
+    from codespec_lsp.completion.postprocess import DEFAULT_MIN_CONFIDENCE
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     (tmp_path / "a.py").write_text(SOURCE)
@@ -142,7 +142,7 @@ def test_a_point_is_asked_on_the_file_as_it_stood_while_its_line_was_typed():
 def test_a_model_that_types_the_real_code_scores_every_point_exact(tmp_path):
     """The bench asks before the line is typed: an oracle's suggestion is the real line, not a
     re-typing of a suffix already in the document (which the server must drop)."""
-    from codespec_lsp.bench_quality import quality_bench
+    from codespec_lsp.bench.quality import quality_bench
     from tests.fake_engine import FakeEngine
 
     (tmp_path / "a.py").write_text(SOURCE)

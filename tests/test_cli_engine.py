@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from codespec_lsp.bench import engine_bench
+from codespec_lsp.bench.engine import engine_bench
 from codespec_lsp.cli import main
 from codespec_lsp.engine import load_engine
 
@@ -85,7 +85,7 @@ def test_complete_into_a_closed_pipe_exits_quietly():
 def test_cancel_trials_land_in_decoding_not_in_a_cold_prefill(monkeypatch):
     """Every trial's prompt is already cached under its own document (the cache keeps one entry per
     document: a shared key made every trial prefill ~1,000 tokens cold, and the cancel waited there)."""
-    from codespec_lsp.bench import cancel_latencies, completion_points, corpus_files
+    from codespec_lsp.bench.engine import cancel_latencies, completion_points, corpus_files
     engine = load_engine(preset="tiny", device="cpu")
     prompts = completion_points(corpus_files(None), 3, engine)
     results, generate = [], engine.generate

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from codespec_lsp.complete import Detokenizer, run
+from codespec_lsp.completion.complete import Detokenizer, run
 from codespec_lsp.engine.api import Generation, GenerationResult
 
 

@@ -1,6 +1,6 @@
 import re
 
-from codespec_lsp.context import ContextBuilder, fim_prompt
+from codespec_lsp.completion.context import ContextBuilder, fim_prompt
 
 
 class CountingTokenizer:

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from codespec_lsp.complete import prompt_ids, run
+from codespec_lsp.completion.complete import prompt_ids, run
 from codespec_lsp.config import SettingsLayers
 from codespec_lsp.engine.copy_prior import ORDERS, CopyPrior
 from engine_helpers import (DRAFT_KINDS, engine_of_kind, make_engine, sampled_pairs_chi_square, tiny_parts,

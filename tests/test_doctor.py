@@ -6,9 +6,10 @@ import shutil
 
 import pytest
 
-from codespec_lsp import TINY_DIR, doctor
+from codespec_lsp import TINY_DIR
+from codespec_lsp.planning import doctor
 from codespec_lsp.cli import main
-from codespec_lsp.planner import DEFAULT_ACCEPTANCE, JSON_FIELDS, RUNTIME_OVERHEAD_BYTES
+from codespec_lsp.planning.planner import DEFAULT_ACCEPTANCE, JSON_FIELDS, RUNTIME_OVERHEAD_BYTES
 
 GiB = 2**30
 MISTRAL, GRANITE = "RedHatAI/Mistral-7B-Instruct-v0.3-GPTQ-4bit", "RedHatAI/granite-3.1-8b-instruct-quantized.w8a8"
@@ -161,9 +162,9 @@ def _tokenizer_copy(folder, swap=()):
 def test_doctor_and_loader_apply_one_rule(tmp_path):
     """Bug 7: two rare tokens swapped (99.95 % of the vocabulary agrees, every sample text still
     tokenizes the same) passed the doctor's 99 % threshold and was then refused by the loader.
-    Now both apply codespec_lsp.pairing: the doctor reports what the loader refuses, same reason."""
+    Now both apply codespec_lsp.planning.pairing: the doctor reports what the loader refuses, same reason."""
     from codespec_lsp.engine import TokenizerMismatchError, load_engine
-    from codespec_lsp.pairing import SAMPLE_TEXTS
+    from codespec_lsp.planning.pairing import SAMPLE_TEXTS
 
     tok = doctor._load_tokenizer(TINY_DIR / "draft")
     used = {i for text in SAMPLE_TEXTS for i in tok.encode(text, add_special_tokens=False)}

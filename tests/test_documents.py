@@ -10,9 +10,7 @@ import pytest
 from lsprotocol import types
 from pygls.workspace import PositionCodec
 
-from codespec_lsp import documents
-
-
+from codespec_lsp.lsp import documents
 def pos(line: int, char: int) -> types.Position:
     return types.Position(line=line, character=char)
 
@@ -116,7 +114,7 @@ def test_utf32_positions_count_code_points():
 def test_reversed_range_is_normalised(caplog):
     text = "first line\nsecond line here is long\n"
     ws = opened(text)
-    with caplog.at_level(logging.WARNING, "codespec_lsp.documents"):
+    with caplog.at_level(logging.WARNING, "codespec_lsp.lsp.documents"):
         got = edit(ws, 2, change(1, 20, 1, 9, "X"))
     assert got == edit(opened(text), 2, change(1, 9, 1, 20, "X"))
     assert got == "first line\nsecond liXlong\n"
@@ -128,7 +126,7 @@ def test_reversed_range_is_normalised(caplog):
 def test_stale_version_is_logged_and_the_newest_text_stays(caplog):
     ws = opened("v1")
     edit(ws, 5, change(0, 0, 0, 2, "v5"))
-    with caplog.at_level(logging.WARNING, "codespec_lsp.documents"):
+    with caplog.at_level(logging.WARNING, "codespec_lsp.lsp.documents"):
         assert edit(ws, 3, change(0, 0, 0, 2, "v3")) == "v5"
     assert ws.get_text_document("file:///t.py").version == 5
     assert "version 3 after version 5" in caplog.text
@@ -137,7 +135,7 @@ def test_stale_version_is_logged_and_the_newest_text_stays(caplog):
 
 def test_change_for_a_document_that_is_not_open_is_dropped(caplog):
     ws = opened("x")
-    with caplog.at_level(logging.WARNING, "codespec_lsp.documents"):
+    with caplog.at_level(logging.WARNING, "codespec_lsp.lsp.documents"):
         ws.update_text_document(types.VersionedTextDocumentIdentifier(
             uri="file:///other.py", version=2), change(0, 0, 0, 0, "y"))
     assert "not open" in caplog.text

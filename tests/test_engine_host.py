@@ -6,8 +6,8 @@ import pytest
 
 from codespec_lsp.config import Settings
 from codespec_lsp.engine.api import ModelLoadError
-from codespec_lsp.engine_host import EngineHost
-from codespec_lsp.scheduler import CompletionRequest, Scheduler
+from codespec_lsp.lsp.host import EngineHost
+from codespec_lsp.lsp.scheduler import CompletionRequest, Scheduler
 from fake_engine import FakeEngine
 
 
@@ -87,8 +87,7 @@ async def test_burst_of_model_changes_loads_latest_once_more():
 
 
 def _fake_planner(monkeypatch, plan: dict) -> list:
-    from codespec_lsp import doctor
-
+    from codespec_lsp.planning import doctor
     calls = []
 
     def plan_pair(draft, target, gpu_mem_bytes, context, k=None, acceptance=None, engine=None):
@@ -120,8 +119,7 @@ async def test_planner_warning_when_pair_will_not_fit(monkeypatch):
 
 
 async def test_missing_or_failing_planner_never_breaks_loading(monkeypatch):
-    from codespec_lsp import doctor
-
+    from codespec_lsp.planning import doctor
     def failing(*args, **kwargs):
         raise ValueError("unknown model")
 

@@ -116,7 +116,7 @@ def test_quantized_model_through_the_loader_stays_lossless(quantized_draft, role
     equals the target's own greedy output, with the GPTQ model as the target or as the draft."""
     import torch
 
-    from codespec_lsp.complete import run
+    from codespec_lsp.completion.complete import run
 
     pair = ({"target": str(quantized_draft), "draft": str(TINY_DIR / "draft")} if role == "target"
             else {"target": str(TINY_DIR / "target"), "draft": str(quantized_draft)})
@@ -142,7 +142,7 @@ def test_quantized_model_through_the_loader_stays_lossless(quantized_draft, role
 def test_autogptq_layout_loads_as_the_same_gptq_model(quantized_draft, tmp_path):
     """The same checkpoint with its quantization config moved to quantize_config.json (AutoGPTQ's
     layout) loads as the same GPTQ model, not as a plain model with random weights."""
-    from codespec_lsp.complete import run
+    from codespec_lsp.completion.complete import run
 
     moved = tmp_path / "autogptq"
     shutil.copytree(quantized_draft, moved)

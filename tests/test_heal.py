@@ -8,10 +8,10 @@ import re
 import pytest
 import torch
 
-from codespec_lsp.complete import (HEAL_MAX_TOKENS, WORDS_WINDOW, complete_at, document_words,
+from codespec_lsp.completion.complete import (HEAL_MAX_TOKENS, WORDS_WINDOW, complete_at, document_words,
                                   prompt_ids, run)
-from codespec_lsp.engine.heal import WORD_BIAS, Heal, HealVocab
-from codespec_lsp.context import ContextBuilder
+from codespec_lsp.completion.heal import WORD_BIAS, Heal, HealVocab
+from codespec_lsp.completion.context import ContextBuilder
 from engine_helpers import DRAFT_KINDS, engine_of_kind, make_engine, tiny_parts
 
 pytestmark = pytest.mark.slow
@@ -284,7 +284,7 @@ def test_allowed_masks_are_computed_once_per_vocabulary_not_per_request():
 def test_allowed_masks_are_copied_to_the_logits_device_once(monkeypatch):
     """On a GPU the mask is applied to logits there: the copy is kept too, and made from the kept
     CPU mask, not by another pass over the vocabulary ("meta" stands in for a GPU here)."""
-    from codespec_lsp.engine import heal
+    from codespec_lsp.completion import heal
     vocab = heal.HealVocab(["", " a", "  ", "x"])
     on_cpu = vocab.allowed(" ", True)
     passes = []

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from codespec_lsp import planner as P
-from codespec_lsp.doctor import load_catalog
+from codespec_lsp.planning import planner as P
+from codespec_lsp.planning.doctor import load_catalog
 
 CATALOG = load_catalog()
 

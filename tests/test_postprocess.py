@@ -1,4 +1,4 @@
-from codespec_lsp.postprocess import (
+from codespec_lsp.completion.postprocess import (
     Mode,
     balance_brackets,
     block_end,

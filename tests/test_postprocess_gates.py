@@ -6,7 +6,7 @@ import math
 import pytest
 
 from codespec_lsp.config import SettingsLayers
-from codespec_lsp.postprocess import (
+from codespec_lsp.completion.postprocess import (
     DEFAULT_MIN_CONFIDENCE,
     NEXT_LINE_MARGIN,
     Mode,

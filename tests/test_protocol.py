@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from codespec_lsp.lsp_protocol import Framer, Refused
+from codespec_lsp.lsp.protocol import Framer, Refused
 from fake_engine import FakeEngine
 
 
@@ -72,7 +72,7 @@ def _msg(**fields) -> bytes:
 
 
 async def test_15_handled_notifications_leave_no_futures_behind():
-    from codespec_lsp.server import build_server
+    from codespec_lsp.lsp.server import build_server
 
     server = build_server(None, loader=lambda settings: FakeEngine())
     proto = server.protocol

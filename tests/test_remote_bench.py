@@ -4,7 +4,7 @@ import argparse
 import pathlib
 import sys
 
-from codespec_lsp.bench_server import _client_counts, run_clients
+from codespec_lsp.bench.server import _client_counts, run_clients
 
 FAKE = [sys.executable, str(pathlib.Path(__file__).with_name("fake_engine.py")), "--debounce-ms", "0"]
 

@@ -3,7 +3,7 @@
 import json
 import shlex
 
-from codespec_lsp import doctor
+from codespec_lsp.planning import doctor
 from codespec_lsp.cli import main
 
 GiB = 2**30

@@ -5,9 +5,9 @@ import threading
 import pytest
 
 from codespec_lsp.config import Settings
-from codespec_lsp.engine_host import EngineHost
-from codespec_lsp.rhythm import Rhythm
-from codespec_lsp.scheduler import (
+from codespec_lsp.lsp.host import EngineHost
+from codespec_lsp.completion.rhythm import Rhythm
+from codespec_lsp.lsp.scheduler import (
     CompletionCache,
     CompletionRequest,
     Debouncer,
@@ -582,7 +582,7 @@ async def test_a_fault_is_logged_once_with_its_traceback_and_the_worker_goes_on(
     eng = FakeEngine()
     s = make(eng)
     eng.script = lambda prompt: 1 / 0
-    with caplog.at_level(logging.DEBUG, logger="codespec_lsp.scheduler"):
+    with caplog.at_level(logging.DEBUG, logger="codespec_lsp.lsp.scheduler"):
         for i in range(3):
             assert (await s.complete(req(f"x{i} = "))).status == "error"
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -610,8 +610,7 @@ async def test_feedback_with_an_object_id_is_ignored_not_an_error():
 
 
 async def test_min_confidence_reaches_complete_at(monkeypatch):
-    from codespec_lsp import scheduler
-
+    from codespec_lsp.lsp import scheduler
     seen = []
     real = scheduler.complete_at
 
@@ -631,7 +630,7 @@ async def test_min_confidence_reaches_complete_at(monkeypatch):
 async def test_one_debug_line_per_request(caplog):
     s = make(FakeEngine())
     r = CompletionRequest("file:///a.py", "x = ", 4, request_id=7, position=(0, 4))
-    with caplog.at_level(logging.DEBUG, logger="codespec_lsp.scheduler"):
+    with caplog.at_level(logging.DEBUG, logger="codespec_lsp.lsp.scheduler"):
         first = await s.complete(r)
         await s.complete(r)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request ")]
@@ -643,7 +642,7 @@ async def test_one_debug_line_per_request(caplog):
 
 async def test_no_request_line_above_debug(caplog):
     s = make(FakeEngine())
-    with caplog.at_level(logging.INFO, logger="codespec_lsp.scheduler"):
+    with caplog.at_level(logging.INFO, logger="codespec_lsp.lsp.scheduler"):
         await s.complete(req("x = "))
     assert not [r for r in caplog.records if r.getMessage().startswith("request ")]
 

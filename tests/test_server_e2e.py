@@ -578,7 +578,7 @@ BENCH_FIELDS = {
 async def test_bench_server_replays_typing_and_reports_exact_fields(tmp_path):
     import argparse
 
-    from codespec_lsp.bench_server import run_bench
+    from codespec_lsp.bench.server import run_bench
 
     (tmp_path / "a.py").write_text("def f(x):\n    return x + 1\n\n\nprint(f(2))\n" * 5)
     args = argparse.Namespace(keystrokes=40, interval_ms=20, corpus=str(tmp_path))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from codespec_lsp.bench_server import run_bench, run_clients, run_soak
+from codespec_lsp.bench.server import run_bench, run_clients, run_soak
 
 pytestmark = pytest.mark.slow
 

@@ -4,8 +4,8 @@ import torch
 
 from codespec_lsp.engine.engine import KController
 from codespec_lsp.engine.speculative import adjust_probs, verify_greedy, verify_sampled
-from codespec_lsp.planner import best_k
-from codespec_lsp.planner import expected_tokens
+from codespec_lsp.planning.planner import best_k
+from codespec_lsp.planning.planner import expected_tokens
 
 
 def test_verify_greedy_keeps_longest_agreeing_prefix_and_adds_target_token():
@@ -111,7 +111,7 @@ def test_sampling_under_token_healing_follows_the_targets_constrained_distributi
     """What `step` does with `heal`: the target's logits are masked, then the usual rejection rule
     runs, so a draft that mostly proposes tokens the constraint forbids is rejected, and the
     first token follows the target's distribution renormalised over the allowed tokens."""
-    from codespec_lsp.engine.heal import Heal, HealVocab
+    from codespec_lsp.completion.heal import Heal, HealVocab
     texts = ["", " a", " b", "x", " ", "y"]        # id 0 special; heal " " allows 1, 2 and 4
     heal = Heal(HealVocab(texts), " ")
     logits = torch.log(torch.tensor([[0.05, 0.10, 0.05, 0.40, 0.20, 0.20], [1 / 6] * 6]))

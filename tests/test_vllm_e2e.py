@@ -198,9 +198,9 @@ def suggestion(backend, key: str, text: str, max_tokens: int = 24, copy_weight: 
                ) -> str | None:
     """What complete_at shows. The copy prior only exists in process (vLLM's API gives no per-step
     scores to reweigh), so a local suggestion to compare with a remote one is made without it."""
-    from codespec_lsp.complete import complete_at
+    from codespec_lsp.completion.complete import complete_at
     from codespec_lsp.config import default_context_tokens
-    from codespec_lsp.context import ContextBuilder
+    from codespec_lsp.completion.context import ContextBuilder
     builder = ContextBuilder(backend.count_tokens,
                              default_context_tokens(backend.context_window, max_tokens),
                              fim_tokens=backend.fim_tokens)

@@ -117,7 +117,6 @@ def test_settings_mirror_the_server():
     from dataclasses import fields
 
     from codespec_lsp import config
-
     props = json.loads((EXT / "package.json").read_text())["contributes"]["configuration"]["properties"]
     client_only = {"server.path", "server.args", "languages", "trace.server"}
     server_side = {k.removeprefix("codespec."): v for k, v in props.items()

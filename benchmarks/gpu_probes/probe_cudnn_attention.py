@@ -4,7 +4,7 @@ import json, os, statistics, time
 import torch
 import torch.nn.functional as F
 from codespec_lsp.engine import load_engine
-from codespec_lsp import bench
+from codespec_lsp.bench.engine import engine as bench
 OUT = os.environ.get("OUT", "gpu_out")
 res = {"cudnn_sdp_default": torch.backends.cuda.cudnn_sdp_enabled(), "torch": torch.__version__}
 q = torch.randn(1, 4, 1, 64, device="cuda", dtype=torch.bfloat16)

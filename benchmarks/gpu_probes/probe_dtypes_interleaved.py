@@ -2,7 +2,7 @@
 the slow forwards tied to the dtype, or to what ran first?"""
 import json, os, statistics, time
 from codespec_lsp.engine import load_engine
-from codespec_lsp import bench
+from codespec_lsp.bench.engine import engine as bench
 OUT = os.environ.get("OUT", "gpu_out")
 dev = os.environ.get("DEV", "cuda")
 dtypes = ["float32", "bfloat16", "float16"]

@@ -3,7 +3,7 @@ the slow fp16 forwards of probe 2 come from (none were NaN, none re-prefilled)."
 import json, math, os, statistics, sys, time
 import torch
 from codespec_lsp.engine import load_engine
-from codespec_lsp import bench
+from codespec_lsp.bench.engine import engine as bench
 OUT = os.environ.get("OUT", "gpu_out")
 dev = os.environ.get("DEV", "cuda")
 res = {}

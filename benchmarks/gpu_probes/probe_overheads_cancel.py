@@ -5,7 +5,7 @@ import torch
 sys.path.insert(0, "scripts")
 import gpu_bench
 from codespec_lsp.engine import hf, load_engine
-from codespec_lsp import bench
+from codespec_lsp.bench.engine import engine as bench
 OUT = os.environ.get("OUT", "gpu_out")
 res = {}
 dev = torch.device(os.environ.get("DEV", "cuda"))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-from codespec_lsp.planner import K_MAX, best_k
+from codespec_lsp.planning.planner import K_MAX, best_k
 
 PROBE_MIN, PROBE_MAX = 16, 256
 WINDOW = 8        # recent drafting steps the realised-rate check reads

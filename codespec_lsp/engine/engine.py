@@ -25,7 +25,7 @@ from codespec_lsp.engine.api import (CancelToken, Generation, GenerationError, G
                                      fim_tokens_of)
 from codespec_lsp.engine.copy_prior import CopyPrior
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
-from codespec_lsp.engine.heal import Heal, HealVocab, token_texts
+from codespec_lsp.completion.heal import Heal, HealVocab, token_texts
 from codespec_lsp.engine.kvcache import PrefixCache
 from codespec_lsp.engine.speculative import K_MAX, step
 PREFILL_RESERVE = 64 + K_MAX + 1  # room kept after the prompt: prefill and generate cut alike

@@ -30,7 +30,7 @@ from dataclasses import fields
 from typing import Any
 
 from codespec_lsp.engine.api import CancelToken, GenerationResult, fim_tokens_of
-from codespec_lsp.engine.heal import Heal, HealVocab, token_texts
+from codespec_lsp.completion.heal import Heal, HealVocab, token_texts
 from codespec_lsp.remote.client import (ServerClient, ServerInfo, ServerProblem, parse_chunk,
                                         top_logprobs)
 from codespec_lsp.remote.metrics import server_rates

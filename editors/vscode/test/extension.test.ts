@@ -206,7 +206,7 @@ test('the server stderr goes to the output channel at each line\'s own level', a
   );
   const stderr = Readable.from([
     '2026-12-03 18:00:00,001 INFO codespec_lsp: loading tiny\n',
-    '2026-12-03 18:00:01,002 DEBUG codespec_lsp.scheduler: request 3 file.py 4:8 shown 12 tokens 40 ms\n',
+    '2026-12-03 18:00:01,002 DEBUG codespec_lsp.lsp.scheduler: request 3 file.py 4:8 shown 12 tokens 40 ms\n',
     '2026-12-03 18:00:02,003 ERROR codespec_lsp: load failed\nTraceback (most recent call last):\n',
     '2026-12-03 18:00:03,004 WARNING codespec_lsp: slow\n',
   ]);

@@ -33,12 +33,12 @@ from typing import Any, Awaitable, Callable, Sequence
 from cachetools import LRUCache
 
 from codespec_lsp.config import Settings, default_context_tokens
-from codespec_lsp.context import ContextBuilder
+from codespec_lsp.completion.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
-from codespec_lsp.engine_host import EngineHost
-from codespec_lsp.rhythm import Rhythm
+from codespec_lsp.lsp.host import EngineHost
+from codespec_lsp.completion.rhythm import Rhythm
 from codespec_lsp.stats import percentile
-from codespec_lsp.complete import complete_at, prefill_at, split_line  # noqa: F401 - split_line re-exported
+from codespec_lsp.completion.complete import complete_at, prefill_at, split_line  # noqa: F401 - split_line re-exported
 
 log = logging.getLogger(__name__)
 

@@ -34,10 +34,12 @@ from pygls.exceptions import FeatureRequestError, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 from pygls.protocol.language_server import lsp_method
 
-from codespec_lsp import config, documents, transport
-from codespec_lsp.lsp_protocol import HardenedProtocol
-from codespec_lsp.engine_host import EngineHost, LoadOutcome, default_loader
-from codespec_lsp.scheduler import CompletionRequest, Scheduler
+from codespec_lsp import config
+from codespec_lsp.lsp import documents
+from codespec_lsp.lsp import transport
+from codespec_lsp.lsp.protocol import HardenedProtocol
+from codespec_lsp.lsp.host import EngineHost, LoadOutcome, default_loader
+from codespec_lsp.lsp.scheduler import CompletionRequest, Scheduler
 
 log = logging.getLogger("codespec_lsp")
 

@@ -38,8 +38,7 @@ from pygls.exceptions import JsonRpcException, JsonRpcInvalidRequest
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 
-from codespec_lsp import documents
-
+from codespec_lsp.lsp import documents
 log = logging.getLogger("codespec_lsp.protocol")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024

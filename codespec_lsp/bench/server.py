@@ -41,7 +41,7 @@ from pygls.lsp.client import LanguageClient
 
 from codespec_lsp.stats import percentile
 
-DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus"
+DEFAULT_CORPUS = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "corpus"
 CONTEXT_SHARE = 0.4  # each file starts with this much already written; the rest is typed
 LAST_ANSWER_TIMEOUT_S = 120.0
 KEYSTROKES_PER_FILE = 600

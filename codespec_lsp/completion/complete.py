@@ -12,11 +12,11 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from codespec_lsp.context import ContextBuilder
+from codespec_lsp.completion.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine.copy_prior import COPY_WEIGHT
-from codespec_lsp.engine.heal import typed_word
-from codespec_lsp.postprocess import block_end, decide_mode, finalize
+from codespec_lsp.completion.heal import typed_word
+from codespec_lsp.completion.postprocess import block_end, decide_mode, finalize
 
 
 def split_line(source: str, offset: int) -> tuple[str, str, str]:
@@ -117,7 +117,7 @@ def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
 
 def document_words(source: str, offset: int, heal: str) -> set[str]:
     """The names near the cursor that the half-typed word `heal` ends in could become: those in
-    `source` starting with it, the cursor's own word left out (engine.heal.Heal leans to them).
+    `source` starting with it, the cursor's own word left out (completion.heal.Heal leans to them).
     Only WORDS_WINDOW characters each side are read (~3 ms): a huge file costs no more."""
     word = typed_word(heal)
     start = offset - len(word)

@@ -37,13 +37,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from codespec_lsp import complete, postprocess
-from codespec_lsp.complete import complete_at, split_line
+from codespec_lsp.completion import complete
+from codespec_lsp.completion import postprocess
+from codespec_lsp.completion.complete import complete_at, split_line
 from codespec_lsp.config import Settings, default_context_tokens
-from codespec_lsp.context import ContextBuilder
-from codespec_lsp.postprocess import find_loop
+from codespec_lsp.completion.context import ContextBuilder
+from codespec_lsp.completion.postprocess import find_loop
 
-HELD_OUT = Path(__file__).resolve().parent.parent / "benchmarks" / "heldout"
+HELD_OUT = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "heldout"
 FIELDS = ("points", "shown_rate", "exact_line", "edit_similarity", "repetitive_rate",
           "prefix_match_chars", "baseline_prev_line_similarity")
 

@@ -27,7 +27,7 @@ from lsprotocol import types
 from pygls.workspace import TextDocument
 from pygls.workspace import Workspace as _PyglsWorkspace
 
-log = logging.getLogger("codespec_lsp.documents")
+log = logging.getLogger("codespec_lsp.lsp.documents")
 
 _BREAK = re.compile(r"\r\n|\r|\n")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")

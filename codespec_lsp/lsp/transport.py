@@ -28,9 +28,9 @@ from typing import Any, Awaitable, BinaryIO, Callable, Protocol, Sequence
 
 from pygls.io_ import StdoutWriter, WebSocketWriter
 
-from codespec_lsp.lsp_protocol import MAX_MESSAGE_BYTES, HardenedProtocol, read_stream
+from codespec_lsp.lsp.protocol import MAX_MESSAGE_BYTES, HardenedProtocol, read_stream
 
-log = logging.getLogger("codespec_lsp.transport")
+log = logging.getLogger("codespec_lsp.lsp.transport")
 
 class Session(Protocol):
     protocol: HardenedProtocol

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from codespec_lsp.complete import run
+from codespec_lsp.completion.complete import run
 from codespec_lsp.config import Settings, default_context_tokens
 from codespec_lsp.engine.api import ModelLoadError
 
@@ -45,7 +45,7 @@ def plan_warning(engine: Any, context_tokens: int) -> str | None:
     if getattr(engine, "kind", "local") != "local":
         return None  # the server's pair: `codespec-lsp doctor --launch` plans it
     try:
-        from codespec_lsp.doctor import plan_pair
+        from codespec_lsp.planning.doctor import plan_pair
         import psutil
         gpu_mem = None
         if str(engine.device).startswith("cuda"):
@@ -96,7 +96,7 @@ def _calibrate(engine: Any) -> tuple[int, float, int] | None:
     It is also the first forward, so it checks the model: a local engine whose first forward
     fails or gives NaN/inf log-probabilities (broken weights, float16 overflow) would load as
     "ready" and answer empty forever, so it raises ModelLoadError instead."""
-    text = Path(__file__).with_name("context.py").read_text(encoding="utf-8")[:5000]
+    text = (Path(__file__).resolve().parent.parent / "completion" / "context.py").read_text(encoding="utf-8")[:5000]
     try:
         cold = run(engine.generate(engine.encode(text), max_new_tokens=1))  # not a keystroke
         r = run(engine.generate(engine.encode(text + "\n"), max_new_tokens=12))  # a keystroke

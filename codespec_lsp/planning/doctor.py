@@ -2,7 +2,7 @@
 
 Promises: each model name resolves to its config and tokenizer facts without the network (the
 preset `tiny`, a local folder, or a hub id from the shipped catalog); the tokenizers are compared
-by the loader's own rule, codespec_lsp.pairing (token by token when both are on disk, by recorded
+by the loader's own rule, codespec_lsp.planning.pairing (token by token when both are on disk, by recorded
 facts otherwise), so a pair called compatible here is one the loader accepts; when both models load
 locally, acceptance and cost are measured with the engine on the held-out corpus; the numbers
 then go through planner.plan. `plan_pair` is the same check for the server to run at start.
@@ -16,7 +16,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from codespec_lsp import TINY_DIR, pairing, planner
+from codespec_lsp import TINY_DIR
+from codespec_lsp.planning import pairing
+from codespec_lsp.planning import planner
 
 PACKAGE = Path(__file__).resolve().parent
 CATALOG_PATH = PACKAGE / "catalog" / "models.json"
@@ -102,7 +104,7 @@ def load_pair_engine(d: ModelRef, t: ModelRef):
 def measure(engine) -> tuple[dict | None, str]:
     """α and c on the held-out corpus, or None with the reason (the doctor must still answer)."""
     try:
-        from codespec_lsp.bench import measure_pair
+        from codespec_lsp.bench.engine import measure_pair
         return measure_pair(engine), ""
     except Exception as exc:  # noqa: BLE001
         return None, f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,1 @@
+"""Benchmarks behind `codespec-lsp bench`: engine, quality and server, each writing JSON."""
