@@ -1,5 +1,6 @@
-"""Does a pair hold up over the whole prompt the server gives it? The README's figures for the
-embedded pair's context (why it was trained on 2048-token windows from phase 6 on) come from here.
+"""Does a pair hold up over the whole prompt the server gives it? The figures in docs/training.md
+for the embedded pair's context (why it was trained on 2048-token windows from phase 6 on) come
+from here.
 
     .venv/bin/python scripts/context_check.py [--pair DIR] [--quality-windows 600,800,0]
 

@@ -29,7 +29,7 @@ and its minutes). The last four phases train on 2048-token windows: the server's
 --device cuda, --stdlib, --target-width/--target-layers and --target-minutes/--draft-minutes (a
 schedule that follows the clock) are for training a bigger pair on a lent GPU in one call:
 scripts/train_gpu.sh. --grow-layers N deepens the saved target before a continued phase
-(grow_depth); tried once on CPU (README) and not shipped.
+(grow_depth); tried once on CPU (docs/training.md) and not shipped.
 """
 
 from __future__ import annotations
