@@ -15,17 +15,16 @@ import functools
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from codespec_lsp.engine import hf
 from codespec_lsp.engine.adaptive import KController, VerifyTimes  # noqa: F401 (KController re-exported)
 from codespec_lsp.engine.api import (CancelToken, Generation, GenerationError, GenerationResult,
-                                     fim_tokens_of)
+                                     TokenConstraint, fim_tokens_of, token_texts)
 from codespec_lsp.engine.copy_prior import CopyPrior
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
-from codespec_lsp.completion.heal import Heal, HealVocab, token_texts
 from codespec_lsp.engine.kvcache import PrefixCache
 from codespec_lsp.engine.speculative import K_MAX, step
 PREFILL_RESERVE = 64 + K_MAX + 1  # room kept after the prompt: prefill and generate cut alike
@@ -99,7 +98,7 @@ class Engine:
             return [self.model_drafter]
         return [self.ngram, self.model_drafter]  # "auto"/"combined": free lookup first
 
-    supports_heal = True  # generate() honours `heal` (SEAM.md), so complete.py may back up
+    supports_heal = True  # generate() applies a healing `constraint`, so complete.py may back up
 
     def reset_caches(self) -> None:
         self.target_cache.clear()
@@ -107,14 +106,14 @@ class Engine:
             self.model_drafter.prefix_cache.clear()
 
     @functools.cached_property
-    def heal_vocab(self) -> HealVocab:
-        """Each id's text and the masks token healing reads from it; made on first use."""
-        return HealVocab(token_texts(self.tokenizer, self.vocab_size))
+    def token_texts(self) -> list[str]:
+        """Each id's text (api.token_texts): token healing and the copy prior read it."""
+        return token_texts(self.tokenizer, self.vocab_size)
 
     @functools.cached_property
     def line_breaks(self) -> dict[int, int]:
         """The ids whose text holds newlines, and how many (the copy prior's first-line limit)."""
-        return {i: t.count("\n") for i, t in enumerate(self.heal_vocab.texts) if "\n" in t}
+        return {i: t.count("\n") for i, t in enumerate(self.token_texts) if "\n" in t}
 
     def set_prefix_cache(self, enabled: bool) -> None:
         """Benchmarks compare against a cold start; the server always keeps it on."""
@@ -204,21 +203,20 @@ class Engine:
     def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None, lookup_ids: Sequence[int] = (),
-                 heal: str = "", words: Iterable[str] = (), drafter: str | None = None,
+                 constraint: TokenConstraint | None = None, drafter: str | None = None,
                  copy_weight: float = 0.0) -> Generation:
         """A Generation: iterate it for new token ids, `close()` it to stop; `.result` has counts.
-        `heal`: the generated text must start with it (token healing; see heal.py). `words`: the
-        document's identifiers, which a word `heal` ends inside leans to (heal.Heal).
+        `constraint`: a rule on the target's scores, fresh for this generation (token healing:
+        completion.heal.healing builds it; its `rest` is the text the answer must start with).
         `copy_weight`: how much of the copy prior (copy_prior.py) is mixed into the target's
         distribution; 0, the default, leaves the target's own."""
         result = GenerationResult()
         steps = self._steps(list(ids), result, max_new_tokens, temperature, top_p, seed, cancel,
-                            speculative, key, list(lookup_ids), heal, list(words), drafter,
-                            copy_weight)
+                            speculative, key, list(lookup_ids), constraint, drafter, copy_weight)
         return Generation(steps, result)
 
     def _steps(self, ids, result: GenerationResult, max_new_tokens, temperature, top_p, seed,
-               cancel, speculative, key, lookup, heal, words, drafter, copy_weight):
+               cancel, speculative, key, lookup, healing, drafter, copy_weight):
         started = time.perf_counter()
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
         seq = self.fit(ids, reserve=max(PREFILL_RESERVE, max_new_tokens + K_MAX + 1))
@@ -228,9 +226,9 @@ class Engine:
             device = next(self.target_model.parameters()).device
             generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
             sampling = Sampling(temperature, top_p, generator)
-        healing = Heal(self.heal_vocab, heal, words) if heal else None
+        typed = healing.rest if healing is not None else ""
         copying = CopyPrior(copy_weight, line_breaks=self.line_breaks, prompt_len=len(seq),
-                            typed_breaks=heal.count("\n")) if copy_weight > 0 else None
+                            typed_breaks=typed.count("\n")) if copy_weight > 0 else None
         sources = self.sources(speculative, drafter)
         draft_forwards_before = sum(s.forwards for s in sources)
 

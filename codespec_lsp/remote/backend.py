@@ -25,12 +25,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from typing import Any
 
-from codespec_lsp.engine.api import CancelToken, GenerationResult, fim_tokens_of
-from codespec_lsp.completion.heal import Heal, HealVocab, token_texts
+from codespec_lsp.engine.api import (CancelToken, GenerationResult, TokenConstraint, fim_tokens_of,
+                                     token_texts)
 from codespec_lsp.remote.client import (ServerClient, ServerInfo, ServerProblem, parse_chunk,
                                         top_logprobs)
 from codespec_lsp.remote.metrics import server_rates
@@ -308,8 +308,9 @@ class RemoteBackend:
         return self.local_tokenizer is not None and self.kind == "vllm"
 
     @functools.cached_property
-    def heal_vocab(self) -> HealVocab:
-        return HealVocab(token_texts(self.local_tokenizer, len(self.local_tokenizer)))
+    def token_texts(self) -> list[str]:
+        """Each id's text (api.token_texts; needs the local tokenizer, as healing does)."""
+        return token_texts(self.local_tokenizer, len(self.local_tokenizer))
 
     @property
     def tokenizer(self) -> Any:
@@ -463,7 +464,7 @@ class RemoteBackend:
             out.put(("fail", ServerProblem("bad_reply", f"codespec: remote generation failed: "
                                            f"{type(exc).__name__}: {exc}")))
 
-    async def _heal(self, request: dict, heal: Heal, out: queue.Queue) -> dict | None:
+    async def _heal(self, request: dict, heal: TokenConstraint, out: queue.Queue) -> dict | None:
         """Token healing on the server: the token(s) re-typing `heal.rest` come one short request
         each (vLLM's prefix cache makes it one cheap forward), then the main request goes on from
         there. None when the generation already ended (nothing re-types it, or no room left)."""
@@ -483,7 +484,7 @@ class RemoteBackend:
             return None
         return {**request, "prompt": prompt, "max_tokens": left}
 
-    async def _healing_token(self, request: dict, heal: Heal) -> tuple[int, float] | None:
+    async def _healing_token(self, request: dict, heal: TokenConstraint) -> tuple[int, float] | None:
         """(id, logprob) of the next token under the healing constraint, as the in-process engine
         masks it. A small allowed set goes as `allowed_token_ids` (exact, greedy or sampled). A
         large one (a trailing space allows every token that starts with one) is over vLLM's
@@ -510,12 +511,13 @@ class RemoteBackend:
     def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None,
-                 lookup_ids: Sequence[int] = (), heal: str = "", words: Iterable[str] = (),
+                 lookup_ids: Sequence[int] = (), constraint: TokenConstraint | None = None,
                  copy_weight: float = 0.0) -> RemoteGeneration:
-        """`heal`: the answer must start with it (token healing; see _heal). `speculative` and
-        `lookup_ids` are the server's business and ignored here, and so is `words` (the lean to
-        the document's identifiers, heal.Heal): the server picks every token after the healing
-        ones, and vLLM's `logit_bias` cannot follow a word across tokens. `copy_weight` too: the
+        """`constraint`: token healing, the answer must start with its `rest` (see _heal); only
+        its mask is applied, to the healing tokens. `speculative` and `lookup_ids` are the server's
+        business and ignored here, and so is the healing's lean to the document's identifiers
+        (completion.heal.Heal's `words`): the server picks every token after the healing ones,
+        and vLLM's `logit_bias` cannot follow a word across tokens. `copy_weight` too: the
         copy prior (engine/copy_prior.py) reweighs every step's distribution, which the
         OpenAI-compatible API does not let a client do."""
         ids = self._fit(list(ids), max_new_tokens)
@@ -527,8 +529,8 @@ class RemoteBackend:
         if ids and not self.health.waiting():  # backing off: an empty answer at once, no network
             request = dict(prompt=ids, max_tokens=max_new_tokens, temperature=temperature,
                            top_p=top_p, seed=seed)
-            if heal and self.supports_heal:
-                request["heal"] = Heal(self.heal_vocab, heal)
+            if constraint is not None and constraint.rest and self.supports_heal:
+                request["heal"] = constraint
         gen = RemoteGeneration(self, ids, request, cancel, key)
         if key is not None and request is not None:
             with self._open_lock:
