@@ -218,6 +218,24 @@ class Plan:
         return {k: d[k] for k in JSON_FIELDS}
 
 
+def _fit_notes(needed: int, gpu_mem_bytes: int, context: int, max_ctx: int, limit: int
+               ) -> tuple[str, list[str]]:
+    """(the verdict on memory, advice when it does not fit)."""
+    if max_ctx >= context:
+        return (f"fits: {_gib(needed):.1f} of {_gib(gpu_mem_bytes):.1f} GiB at {context} tokens "
+                f"of context (max {max_ctx})"), []
+    if needed > gpu_mem_bytes:
+        verdict = (f"does not fit: needs {_gib(needed):.1f} GiB at {context} tokens of context, "
+                   f"the card has {_gib(gpu_mem_bytes):.1f} GiB (max context {max_ctx})")
+        if max_ctx > 0:
+            return verdict, [f"Shorten the context to at most {max_ctx} tokens, or use a smaller "
+                             "quantization."]
+        return verdict, ["The weights alone do not fit: use a smaller quantization (4-bit GPTQ "
+                         "weights take about 0.3 of fp16) or smaller models."]
+    return (f"does not fit: {context} tokens of context exceed the {limit} positions the models "
+            "know"), [f"Shorten the context to at most {max_ctx} tokens."]
+
+
 def plan(draft_cfg: dict, target_cfg: dict, gpu_mem_bytes: int, context: int, *,
          k: int | None = None, acceptance: float | None = None, acceptance_source: str | None = None,
          measured_cost_ratio: float | None = None, cost_source: str | None = None,
@@ -256,21 +274,9 @@ def plan(draft_cfg: dict, target_cfg: dict, gpu_mem_bytes: int, context: int, *,
                        "draft token, so speculative decoding gives no speedup")
         advice.append("Pick a draft that shares the target's tokenizer (same model family), or use "
                       "n-gram drafting, which needs no draft model.")
-    if fits:
-        verdict.append(f"fits: {_gib(needed):.1f} of {_gib(gpu_mem_bytes):.1f} GiB at {context} tokens "
-                       f"of context (max {max_ctx})")
-    elif needed > gpu_mem_bytes:
-        verdict.append(f"does not fit: needs {_gib(needed):.1f} GiB at {context} tokens of context, "
-                       f"the card has {_gib(gpu_mem_bytes):.1f} GiB (max context {max_ctx})")
-        if max_ctx > 0:
-            advice.append(f"Shorten the context to at most {max_ctx} tokens, or use a smaller quantization.")
-        else:
-            advice.append("The weights alone do not fit: use a smaller quantization (4-bit GPTQ "
-                          "weights take about 0.3 of fp16) or smaller models.")
-    else:
-        verdict.append(f"does not fit: {context} tokens of context exceed the {limit} positions "
-                       "the models know")
-        advice.append(f"Shorten the context to at most {max_ctx} tokens.")
+    fit_verdict, fit_advice = _fit_notes(needed, gpu_mem_bytes, context, max_ctx, limit)
+    verdict.append(fit_verdict)
+    advice += fit_advice
     if tokenizer_compatible:
         if best_s < MIN_USEFUL_SPEEDUP:
             verdict.append(f"no useful speedup: {best_s:.2f}x at best (K={bk})")
