@@ -10,6 +10,7 @@ import torch
 
 from codespec_lsp.completion.complete import prompt_ids, run
 from codespec_lsp.config import SettingsLayers
+from codespec_lsp.completion.heal import healing
 from codespec_lsp.engine.copy_prior import ORDERS, CopyPrior
 from engine_helpers import (DRAFT_KINDS, engine_of_kind, make_engine, sampled_pairs_chi_square, tiny_parts,
                             toy_pair)
@@ -44,7 +45,7 @@ def copy_reference(target, engine, ids: list[int], n: int, weight: float) -> lis
             logits = target(torch.tensor([ids + out])).logits[0, -1, :engine.vocab_size]
             probs = torch.softmax(logits.float(), -1)
             copy = copy_probs(ids + out, engine.vocab_size)
-            first_line = "\n" not in "".join(engine.heal_vocab.texts[t] for t in out)
+            first_line = "\n" not in "".join(engine.token_texts[t] for t in out)
             mixed = (1 - weight) * probs + weight * copy if copy.sum() > 0 and first_line else probs
             token = int(mixed.argmax())
             if token in engine.stop_ids:
@@ -169,9 +170,9 @@ def test_with_token_healing_speculative_equals_target_only(parts):
     for prompt in PROMPTS:
         ids, heal = prompt_ids(engine, prompt)
         assert heal
-        alone = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, copy_weight=WEIGHT,
+        alone = run(engine.generate(ids, max_new_tokens=N_NEW, constraint=healing(engine, heal), copy_weight=WEIGHT,
                                     speculative=False), tok, ids)
-        drafted = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, copy_weight=WEIGHT), tok, ids)
+        drafted = run(engine.generate(ids, max_new_tokens=N_NEW, constraint=healing(engine, heal), copy_weight=WEIGHT), tok, ids)
         assert drafted.tokens == alone.tokens, prompt
         assert drafted.text.startswith(heal), (prompt, drafted.text)
 

@@ -162,9 +162,9 @@ def _tokenizer_copy(folder, swap=()):
 def test_doctor_and_loader_apply_one_rule(tmp_path):
     """Bug 7: two rare tokens swapped (99.95 % of the vocabulary agrees, every sample text still
     tokenizes the same) passed the doctor's 99 % threshold and was then refused by the loader.
-    Now both apply codespec_lsp.planning.pairing: the doctor reports what the loader refuses, same reason."""
+    Now both apply codespec_lsp.engine.pairing: the doctor reports what the loader refuses, same reason."""
     from codespec_lsp.engine import TokenizerMismatchError, load_engine
-    from codespec_lsp.planning.pairing import SAMPLE_TEXTS
+    from codespec_lsp.engine.pairing import SAMPLE_TEXTS
 
     tok = doctor._load_tokenizer(TINY_DIR / "draft")
     used = {i for text in SAMPLE_TEXTS for i in tok.encode(text, add_special_tokens=False)}

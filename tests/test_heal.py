@@ -10,7 +10,7 @@ import torch
 
 from codespec_lsp.completion.complete import (HEAL_MAX_TOKENS, WORDS_WINDOW, complete_at, document_words,
                                   prompt_ids, run)
-from codespec_lsp.completion.heal import WORD_BIAS, Heal, HealVocab
+from codespec_lsp.completion.heal import WORD_BIAS, Heal, HealVocab, healing, vocab_of
 from codespec_lsp.completion.context import ContextBuilder
 from engine_helpers import DRAFT_KINDS, engine_of_kind, make_engine, tiny_parts
 
@@ -37,7 +37,7 @@ def healed_reference(target, engine, ids: list[int], heal: str, n: int, words=()
     it only when the word is one of them: the word goes on otherwise, from a split the tokenizer
     never makes; a token going on into a name is the longest piece of it the vocabulary has, for
     the same reason)."""
-    texts, rest, out = engine.heal_vocab.texts, heal, []
+    texts, rest, out = engine.token_texts, heal, []
     indent = heal.rsplit("\n", 1)[-1] != "" and not heal.rsplit("\n", 1)[-1].strip()
     typed = re.search(r"\w+$", heal)
     names = [w for w in words if typed and w.startswith(typed.group(0))]
@@ -115,7 +115,7 @@ def test_prompt_ids_backs_up_a_half_typed_word_whole(parts):
     never saw (" return" is one token). The whole word goes, with its space, and no further."""
     tok, target, _ = parts
     engine = make_engine(target, None, tok)
-    texts = engine.heal_vocab.texts
+    texts = engine.token_texts
     for prompt, word in [("class Box:\n    def size(self):\n        ret", " ret"),
                          ("        post_order_f", " post_order_f"), ("x = os.pa", "pa"),
                          ("if a.b and c", " c")]:
@@ -136,7 +136,7 @@ def test_prompt_ids_backs_up_a_token_the_vocabulary_reads_with_the_next(parts):
         full = engine.encode(prompt)
         ids, heal = prompt_ids(engine, prompt)
         assert heal == healed and ids == full[:len(ids)] and len(full) - len(ids) == 2
-        assert engine.heal_vocab.spanned(heal)  # " !=" is open again
+        assert vocab_of(engine).spanned(heal)  # " !=" is open again
     ids, heal = prompt_ids(engine, "x = f(a)")  # ")" after "a": no token reads "a)", nothing more
     assert heal == ")" and ids == engine.encode("x = f(a)")[:-1]
 
@@ -163,7 +163,7 @@ def test_healed_speculative_equals_healed_target_greedy(parts, kind):
     for prompt in PROMPTS:
         ids, heal = prompt_ids(engine, prompt)
         assert heal and prompt.endswith(heal)
-        result = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal,
+        result = run(engine.generate(ids, max_new_tokens=N_NEW, constraint=healing(engine, heal),
                                      speculative=kind != "target"), tok, ids)
         assert result.tokens == healed_reference(target, engine, ids, heal, N_NEW), (kind, prompt)
         assert result.text.startswith(heal) or heal.startswith(result.text)
@@ -184,8 +184,8 @@ def test_leaning_to_the_documents_words_stays_lossless(parts, kind):
     changed = False
     for prompt, words in cases:
         ids, heal = prompt_ids(engine, prompt)
-        plain = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, speculative=False), tok, ids)
-        leaning = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, words=words,
+        plain = run(engine.generate(ids, max_new_tokens=N_NEW, constraint=healing(engine, heal), speculative=False), tok, ids)
+        leaning = run(engine.generate(ids, max_new_tokens=N_NEW, constraint=healing(engine, heal, words),
                                       speculative=kind != "target"), tok, ids)
         assert leaning.tokens == healed_reference(target, engine, ids, heal, N_NEW, words, WORD_BIAS), prompt
         changed |= leaning.tokens != plain.tokens
@@ -256,7 +256,7 @@ def test_sampled_text_always_re_types_heal(parts):
     for prompt in PROMPTS:
         ids, heal = prompt_ids(engine, prompt)
         for seed in range(8):
-            result = run(engine.generate(ids, max_new_tokens=6, heal=heal, temperature=1.0, seed=seed),
+            result = run(engine.generate(ids, max_new_tokens=6, constraint=healing(engine, heal), temperature=1.0, seed=seed),
                          tok, ids)
             assert result.text.startswith(heal) or heal.startswith(result.text), (prompt, seed, result.text)
             if heal.rsplit("\n", 1)[-1].strip() == "" and result.text.startswith(heal):
@@ -265,7 +265,7 @@ def test_sampled_text_always_re_types_heal(parts):
                 # never indents again after the editor's indentation)
                 covered = ""
                 for t in result.tokens:
-                    covered += engine.heal_vocab.texts[t]
+                    covered += engine.token_texts[t]
                     if len(covered) >= len(heal):
                         break
                 assert covered[len(heal):len(heal) + 1] not in (" ", "\t"), (prompt, seed, covered)

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from codespec_lsp.completion.heal import healing
 from codespec_lsp.engine.api import CancelToken, ModelLoadError
 from codespec_lsp.remote import ServerClient, connect_remote
 from codespec_lsp.remote.client import CONNECT_TIMEOUT_S, normalize_url
@@ -116,7 +117,7 @@ def test_healing_is_offered_only_by_vllm_with_a_local_tokenizer(fake):
 def test_healing_asks_for_an_allowed_token_then_streams_from_the_healed_prompt(fake):
     b = backend_for(fake)
     ids = b.encode("x =")
-    gen = b.generate(ids, max_new_tokens=5, heal=" ")
+    gen = b.generate(ids, max_new_tokens=5, constraint=healing(b, " "))
     healed = ids + [SPACE]
     assert list(gen) == [SPACE] + next_tokens(healed, 4)  # the re-typed space is the first token
     first, main = fake.completions()
@@ -135,7 +136,7 @@ def test_a_large_allowed_set_goes_by_the_top_logprobs(fake, monkeypatch, free_pi
     monkeypatch.setattr("codespec_lsp.remote.backend.MAX_ALLOWED_IDS", 0)
     fake.state.script, fake.state.top = [free_pick], top
     b = backend_for(fake)
-    gen = b.generate(b.encode("x ="), max_new_tokens=3, heal=" ")
+    gen = b.generate(b.encode("x ="), max_new_tokens=3, constraint=healing(b, " "))
     assert list(gen)[0] == expected[0] and gen.result.logprobs[0] == expected[1]
     first = fake.completions()[0]["body"]
     assert "allowed_token_ids" not in first and first["logprobs"] == 20
@@ -146,7 +147,7 @@ def test_when_nothing_retypes_the_healed_text_there_is_no_answer_and_no_stream(f
     monkeypatch.setattr("codespec_lsp.remote.backend.MAX_ALLOWED_IDS", 0)
     fake.state.script = [Q]
     b = backend_for(fake)
-    gen = b.generate(b.encode("x ="), max_new_tokens=3, heal=" ")
+    gen = b.generate(b.encode("x ="), max_new_tokens=3, constraint=healing(b, " "))
     assert list(gen) == [] and gen.result.stop_reason == "stop"
     assert [r["body"]["stream"] for r in fake.completions()] == [False]
     b.close()

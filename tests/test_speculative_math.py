@@ -4,8 +4,7 @@ import torch
 
 from codespec_lsp.engine.engine import KController
 from codespec_lsp.engine.speculative import adjust_probs, verify_greedy, verify_sampled
-from codespec_lsp.planning.planner import best_k
-from codespec_lsp.planning.planner import expected_tokens
+from codespec_lsp.engine.speedup import best_k, expected_tokens
 
 
 def test_verify_greedy_keeps_longest_agreeing_prefix_and_adds_target_token():
@@ -64,7 +63,7 @@ def test_expected_tokens_and_best_k():
     k = best_k(0.7, 0.2, 8, flat)[0]
     rate = lambda k: expected_tokens(0.7, k) / (1 + 0.2 * k)  # noqa: E731
     assert all(rate(k) >= rate(j) for j in range(9))
-    assert best_k(0.7, 0.2, 8, flat) == best_k(0.7, 0.2, 8)  # one best_k: the planner's, flat by default
+    assert best_k(0.7, 0.2, 8, flat) == best_k(0.7, 0.2, 8)  # one best_k (engine.speedup, the planner's too), flat by default
     # a verify forward that grows with its length (compute-bound CPU) makes long drafts lose
     steep = [1.0 + 0.5 * n for n in range(9)]
     assert best_k(0.7, 0.2, 8, steep)[0] < k

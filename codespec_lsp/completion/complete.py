@@ -15,7 +15,7 @@ from pathlib import Path
 from codespec_lsp.completion.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine.copy_prior import COPY_WEIGHT
-from codespec_lsp.completion.heal import typed_word
+from codespec_lsp.completion.heal import healing, typed_word, vocab_of
 from codespec_lsp.completion.postprocess import block_end, decide_mode, finalize
 
 
@@ -102,7 +102,7 @@ def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
         return ids, ""  # e.g. a FIM prompt ending in <MID>
     cut = len(ids) - 1
     heal = _backed_up(tokenizer, ids, cut)
-    vocab = backend.heal_vocab
+    vocab = vocab_of(backend)
     while cut > 1 and len(ids) - cut < HEAL_MAX_TOKENS and ids[cut - 1] not in special:
         piece = _backed_up(tokenizer, ids[:cut], cut - 1)
         if not ((_WORD_CHAR.match(heal) and _WORD_PIECE.fullmatch(piece))
@@ -186,8 +186,8 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     ids, heal = prompt_ids(backend, prompt.text)
     lookup = backend.encode(prompt.lookup_text) if prompt.lookup_text else []
     gen = backend.generate(ids, max_new_tokens=max_tokens, cancel=cancel, speculative=speculative,
-                           key=key, lookup_ids=lookup, heal=heal,
-                           words=document_words(source, offset, heal),
+                           key=key, lookup_ids=lookup,
+                           constraint=healing(backend, heal, document_words(source, offset, heal)),
                            copy_weight=COPY_WEIGHT if copy_weight is None else copy_weight,
                            **generate_options)
     result = run(gen, backend.tokenizer, ids, stop_fn=_after_heal(heal, lambda text: block_end(text, mode)))

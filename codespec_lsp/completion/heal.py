@@ -28,10 +28,16 @@ from __future__ import annotations
 
 import bisect
 import re
+import weakref
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from cachetools import LRUCache
+
+# token_texts: each id's text, a fact of the backend's tokenizer (the engine's copy prior reads it
+# too), so it lives with the seam; healing reads it from there.
+from codespec_lsp.engine.api import token_texts  # noqa: F401
 
 _WORD = re.compile(r"\w")
 _IN_RUN = re.compile(r"[\w \t]")  # a character that goes on a word or a run of indentation
@@ -50,16 +56,6 @@ def typed_word(text: str) -> str:
     """The word (letters, digits, `_`) `text` ends in: "" when it ends in none."""
     typed = _TYPED_WORD.search(text)
     return typed.group(0) if typed else ""
-
-
-def token_texts(tokenizer, vocab_size: int) -> list[str]:
-    """Each id's text as it reads after other text (decoders such as CodeLlama's strip the leading
-    space of a text's first token, so every id is decoded behind a context id). Special tokens and
-    incomplete UTF-8 pieces read as "" and are never allowed while healing."""
-    context = tokenizer.encode("a", add_special_tokens=False)[-1:]
-    head = tokenizer.decode(context, skip_special_tokens=True)
-    texts = tokenizer.batch_decode([context + [i] for i in range(vocab_size)], skip_special_tokens=True)
-    return [t[len(head):] if t.startswith(head) and "\ufffd" not in t else "" for t in texts]
 
 
 def advance(rest: str, text: str, indent: bool = False, longest: int = 0) -> str | None:
@@ -228,3 +224,21 @@ class Heal:
                 self._unlikely[on_cpu] = mask
             self._unlikely[key] = self._unlikely[on_cpu].to(key[2])
         return self._unlikely[key]
+
+
+# One HealVocab per backend, kept while the backend lives: its masks are reused across requests.
+_VOCABS: "weakref.WeakKeyDictionary[Any, HealVocab]" = weakref.WeakKeyDictionary()
+
+
+def vocab_of(backend: Any) -> HealVocab:
+    """The HealVocab of `backend`'s ids (its `token_texts`), made on first use."""
+    vocab = _VOCABS.get(backend)
+    if vocab is None:
+        vocab = _VOCABS[backend] = HealVocab(backend.token_texts)
+    return vocab
+
+
+def healing(backend: Any, heal: str, words: Iterable[str] = (), word_bias: float = WORD_BIAS
+            ) -> Heal | None:
+    """The constraint `backend.generate(constraint=...)` applies for `heal` (None: nothing to heal)."""
+    return Heal(vocab_of(backend), heal, words, word_bias) if heal else None

@@ -8,8 +8,9 @@ Public surface (everything else in this package is an implementation detail):
     gen.result.tokens, .cancelled, .target_forwards, ...   # see api.GenerationResult
 (complete.py turns ids into text: incremental detokenizing, stop strings, token healing.)
 
-Modules: api (the contract), engine (the loop), speculative (one step and its maths),
-kvcache (the KV class, one prefix-cache entry per document), drafters, adaptive (K), heal,
+Modules: api (the contract), engine (the loop), speculative (one step and its maths), speedup
+(the speedup model and best K, which the planner applies too), pairing (the draft/target rule),
+kvcache (the KV class, one prefix-cache entry per document), drafters, adaptive (K), copy_prior,
 hf (every transformers call), models (loading).
 
 Engine attributes used by the server and planner:

@@ -1,7 +1,7 @@
 """Adaptive K: how many tokens each draft source proposes per step, from measured numbers.
 
 Promise: drafting never makes decoding slower than the target alone by more than the probes cost.
-- The model: K = planner.best_k(alpha, c, K_MAX, verify_cost), where alpha is the source's
+- The model: K = speedup.best_k(alpha, c, K_MAX, verify_cost), where alpha is the source's
   measured acceptance, c its measured time per drafted token and verify_cost[n] the measured time
   of a target forward over n+1 tokens, both in 1-token target forwards. Times are medians of the
   recent forwards (the context length in use; noise-robust on a shared machine), and verify_cost is
@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-from codespec_lsp.planning.planner import K_MAX, best_k
+from codespec_lsp.engine.speedup import K_MAX, best_k
 
 PROBE_MIN, PROBE_MAX = 16, 256
 WINDOW = 8        # recent drafting steps the realised-rate check reads

@@ -2,6 +2,9 @@
 
 The engine knows token ids, text and tensors; it never imports lsprotocol. Everything it
 returns carries its counts, so stats and benchmarks read the same numbers the engine used.
+Both backends (this engine and remote/) implement the same seam: `generate`, `prefill`, `encode`,
+`token_texts`, `supports_heal`. Rules on the target's scores (token healing) are built by the
+completion layer and handed in as a TokenConstraint: the backends apply them, never build them.
 """
 
 from __future__ import annotations
@@ -9,6 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Generator, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # the seam's importers (the protocol layer) never load torch for it
+    import torch
 
 
 class ModelLoadError(RuntimeError):
@@ -110,6 +117,26 @@ class Generation:
         self.close()
 
 
+class TokenConstraint(Protocol):
+    """A rule on the target's scores for one generation (completion.heal.Heal, token healing).
+
+    The caller builds a fresh one per generation; the backend calls `mask` on every verify
+    forward (so greedy speculative output stays the target's own under the rule) and `accept`
+    with the tokens it keeps. A remote backend, which cannot touch the server's logits, asks
+    `allowed(rest)` for the ids that may re-type `rest`."""
+
+    rest: str  # the text the next tokens must still re-type ("" once it is re-typed)
+
+    def mask(self, logits: "torch.Tensor", drafted: list[int]) -> "torch.Tensor":
+        """logits [K+1, V] (row i: the token after drafted[:i]) under the rule; a new tensor."""
+
+    def accept(self, tokens: list[int]) -> None:
+        """The generation kept `tokens`: the rule moves on past them."""
+
+    def allowed(self, rest: str, device: "torch.device | str" = "cpu") -> "torch.Tensor":
+        """[V] bool: the ids a token may take while `rest` is still to be re-typed."""
+
+
 class GenerationError(RuntimeError):
     """Generation failed at run time (e.g. out of GPU memory). The caches were reset; the engine
     is usable again for the next request."""
@@ -119,6 +146,16 @@ class GenerationError(RuntimeError):
 # marker), StarCoder-style. Prefix-only models (CodeLlama-*-Python, tiny) have none.
 FIM_TOKEN_NAMES = (("<PRE>", "<SUF>", "<MID>"), ("\u2581<PRE>", "\u2581<SUF>", "\u2581<MID>"),
                    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+
+
+def token_texts(tokenizer, vocab_size: int) -> list[str]:
+    """Each id's text as it reads after other text (decoders such as CodeLlama's strip the leading
+    space of a text's first token, so every id is decoded behind a context id). Special tokens and
+    incomplete UTF-8 pieces read as "" and are never allowed while healing."""
+    context = tokenizer.encode("a", add_special_tokens=False)[-1:]
+    head = tokenizer.decode(context, skip_special_tokens=True)
+    texts = tokenizer.batch_decode([context + [i] for i in range(vocab_size)], skip_special_tokens=True)
+    return [t[len(head):] if t.startswith(head) and "\ufffd" not in t else "" for t in texts]
 
 
 def fim_tokens_of(tokenizer) -> tuple[str, str, str] | None:

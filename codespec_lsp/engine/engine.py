@@ -15,21 +15,41 @@ import functools
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from codespec_lsp.engine import hf
 from codespec_lsp.engine.adaptive import KController, VerifyTimes  # noqa: F401 (KController re-exported)
 from codespec_lsp.engine.api import (CancelToken, Generation, GenerationError, GenerationResult,
-                                     fim_tokens_of)
+                                     TokenConstraint, fim_tokens_of, token_texts)
 from codespec_lsp.engine.copy_prior import CopyPrior
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
-from codespec_lsp.completion.heal import Heal, HealVocab, token_texts
 from codespec_lsp.engine.kvcache import PrefixCache
 from codespec_lsp.engine.speculative import K_MAX, step
 PREFILL_RESERVE = 64 + K_MAX + 1  # room kept after the prompt: prefill and generate cut alike
 TRUNCATE_STEP = 256  # over-long prompts lose their head in steps this big (cache-friendly)
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """What one `generate` call asks for: one object, so no two settings of the loop can be passed
+    in each other's place on the way from `generate` to the steps."""
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    cancel: CancelToken | None = None
+    speculative: bool = True
+    key: str | None = None
+    lookup_ids: tuple[int, ...] = ()
+    constraint: TokenConstraint | None = None
+    drafter: str | None = None
+    copy_weight: float = 0.0
+
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.cancelled
 
 
 class Engine:
@@ -99,7 +119,7 @@ class Engine:
             return [self.model_drafter]
         return [self.ngram, self.model_drafter]  # "auto"/"combined": free lookup first
 
-    supports_heal = True  # generate() honours `heal` (SEAM.md), so complete.py may back up
+    supports_heal = True  # generate() applies a healing `constraint`, so complete.py may back up
 
     def reset_caches(self) -> None:
         self.target_cache.clear()
@@ -107,14 +127,14 @@ class Engine:
             self.model_drafter.prefix_cache.clear()
 
     @functools.cached_property
-    def heal_vocab(self) -> HealVocab:
-        """Each id's text and the masks token healing reads from it; made on first use."""
-        return HealVocab(token_texts(self.tokenizer, self.vocab_size))
+    def token_texts(self) -> list[str]:
+        """Each id's text (api.token_texts): token healing and the copy prior read it."""
+        return token_texts(self.tokenizer, self.vocab_size)
 
     @functools.cached_property
     def line_breaks(self) -> dict[int, int]:
         """The ids whose text holds newlines, and how many (the copy prior's first-line limit)."""
-        return {i: t.count("\n") for i, t in enumerate(self.heal_vocab.texts) if "\n" in t}
+        return {i: t.count("\n") for i, t in enumerate(self.token_texts) if "\n" in t}
 
     def set_prefix_cache(self, enabled: bool) -> None:
         """Benchmarks compare against a cold start; the server always keeps it on."""
@@ -204,113 +224,17 @@ class Engine:
     def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None, lookup_ids: Sequence[int] = (),
-                 heal: str = "", words: Iterable[str] = (), drafter: str | None = None,
+                 constraint: TokenConstraint | None = None, drafter: str | None = None,
                  copy_weight: float = 0.0) -> Generation:
         """A Generation: iterate it for new token ids, `close()` it to stop; `.result` has counts.
-        `heal`: the generated text must start with it (token healing; see heal.py). `words`: the
-        document's identifiers, which a word `heal` ends inside leans to (heal.Heal).
+        `constraint`: a rule on the target's scores, fresh for this generation (token healing:
+        completion.heal.healing builds it; its `rest` is the text the answer must start with).
         `copy_weight`: how much of the copy prior (copy_prior.py) is mixed into the target's
         distribution; 0, the default, leaves the target's own."""
+        options = GenerateOptions(max_new_tokens, temperature, top_p, seed, cancel, speculative, key,
+                                  tuple(lookup_ids), constraint, drafter, copy_weight)
         result = GenerationResult()
-        steps = self._steps(list(ids), result, max_new_tokens, temperature, top_p, seed, cancel,
-                            speculative, key, list(lookup_ids), heal, list(words), drafter,
-                            copy_weight)
-        return Generation(steps, result)
-
-    def _steps(self, ids, result: GenerationResult, max_new_tokens, temperature, top_p, seed,
-               cancel, speculative, key, lookup, heal, words, drafter, copy_weight):
-        started = time.perf_counter()
-        is_cancelled = (lambda: cancel is not None and cancel.cancelled)
-        seq = self.fit(ids, reserve=max(PREFILL_RESERVE, max_new_tokens + K_MAX + 1))
-        prompt_len = len(seq)
-        sampling = None
-        if temperature > 0:
-            device = next(self.target_model.parameters()).device
-            generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
-            sampling = Sampling(temperature, top_p, generator)
-        healing = Heal(self.heal_vocab, heal, words) if heal else None
-        copying = CopyPrior(copy_weight, line_breaks=self.line_breaks, prompt_len=len(seq),
-                            typed_breaks=heal.count("\n")) if copy_weight > 0 else None
-        sources = self.sources(speculative, drafter)
-        draft_forwards_before = sum(s.forwards for s in sources)
-
-        target = self.target_cache.acquire(key, seq)
-        result.reused_tokens = len(target)
-        self._cancel = cancel
-        failed = False
-        try:
-            for source in sources:
-                source.begin(key, seq, lookup)
-            t0 = time.perf_counter()
-            done = target.prefill(seq[len(target):-1], self.prefill_chunk, is_cancelled)
-            result.prefill_s = time.perf_counter() - t0
-            if done:
-                result.prefill_tokens = prompt_len - result.reused_tokens
-            else:
-                result.cancelled = True
-            while not result.cancelled and result.stop_reason == "max_tokens":
-                new_count = len(seq) - prompt_len
-                if new_count >= max_new_tokens:
-                    break
-                plan = self._plan(sources, room=max_new_tokens - new_count - 1)
-                try:
-                    out = step(target, seq, plan, sampling, self.vocab_size, cancel, healing, copying)
-                except hf.ForwardCancelled:
-                    result.cancelled = True  # stopped between layers; the forward was rolled back
-                    break
-                result.draft_s += out.draft_s if sources else 0.0  # target-only: no drafting time
-                result.verify_s += out.verify_s
-                result.target_forwards += 1
-                self._record_verify(out.fed, out.verify_s)
-                new = out.tokens
-                ends = [i for i, t in enumerate(new) if t in self.stop_ids]
-                if ends:
-                    new, result.stop_reason = new[:ends[0] + 1], "eos"
-                new = new[:max_new_tokens - new_count]
-                if out.source is not None:
-                    self.controllers[out.source.name].record(out.proposed, out.kept, out.draft_s,
-                                                             len(new), out.draft_s + out.verify_s)
-                    result.proposed += out.proposed
-                    result.accepted += min(out.kept, len(new))  # drafts after an end token don't count
-                seq.extend(new)
-                if healing is not None:
-                    healing.accept(new)
-                for tok, lp in zip(new, out.logprobs):
-                    if tok in self.stop_ids:
-                        break
-                    result.tokens.append(tok)
-                    result.logprobs.append(lp)
-                    yield tok
-                if is_cancelled():
-                    result.cancelled = True
-        except torch.OutOfMemoryError as exc:
-            failed = True
-            result.stop_reason = "error"
-            context = len(seq)
-            self._discard(target)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            raise GenerationError(
-                f"out of GPU memory at {context} tokens of context: lower the context budget or "
-                f"max tokens, or pick a smaller preset ({exc.__class__.__name__})") from exc
-        except BaseException as exc:
-            if not isinstance(exc, GeneratorExit):
-                failed = True  # mid-forward: the layers may hold different lengths, keep nothing
-                result.stop_reason = "error"
-                self._discard(target)
-            raise
-        finally:
-            self._cancel = None
-            if not failed:
-                target.crop(min(len(target), len(seq)))  # e.g. drops KV after an end token
-                self.target_cache.release(key, target)
-            for source in sources:
-                source.end(key, None if failed else seq)
-            if result.cancelled:
-                result.stop_reason = "cancelled"
-            result.draft_forwards = sum(s.forwards for s in sources) - draft_forwards_before
-            result.wall_s = time.perf_counter() - started
-            result.other_s = max(result.wall_s - result.prefill_s - result.draft_s - result.verify_s, 0.0)
+        return Generation(_Run(self, list(ids), result, options).steps(), result)
 
     def _discard(self, target) -> None:
         self.reset_caches()
@@ -319,3 +243,135 @@ class Engine:
     def _record_verify(self, n: int, seconds: float) -> None:
         self.target_forward_s.append(seconds)
         self.verify_times.record(n, seconds)
+
+
+class _Run:
+    """One generation: its sequence, counts, and the target KV it holds. `steps()` is the generator
+    behind the Generation, so nothing (the cut, the cache acquire) happens before the first next();
+    however it ends, `_finish` hands the KV back (module contracts)."""
+
+    def __init__(self, engine: Engine, ids: list[int], result: GenerationResult,
+                 opts: GenerateOptions) -> None:
+        self.engine, self.ids, self.result, self.opts = engine, ids, result, opts
+        self.seq: list[int] = []
+        self.prompt_len = 0
+        self.sources: list[Drafter] = []
+
+    def steps(self) -> Generator[int, None, None]:
+        engine, opts, result = self.engine, self.opts, self.result
+        started = time.perf_counter()
+        seq = self.seq = engine.fit(self.ids, reserve=max(PREFILL_RESERVE, opts.max_new_tokens + K_MAX + 1))
+        self.prompt_len = len(seq)
+        sampling, copying = self._sampling(), self._copy_prior()
+        sources = self.sources = engine.sources(opts.speculative, opts.drafter)
+        draft_forwards_before = sum(s.forwards for s in sources)
+        target = engine.target_cache.acquire(opts.key, seq)
+        result.reused_tokens = len(target)
+        engine._cancel = opts.cancel
+        failed = False
+        try:
+            for source in sources:
+                source.begin(opts.key, seq, list(opts.lookup_ids))
+            self._prefill(target)
+            while not result.cancelled and result.stop_reason == "max_tokens":
+                new_count = len(seq) - self.prompt_len
+                if new_count >= opts.max_new_tokens:
+                    break
+                plan = engine._plan(sources, room=opts.max_new_tokens - new_count - 1)
+                try:
+                    out = step(target, seq, plan, sampling, engine.vocab_size, opts.cancel,
+                               opts.constraint, copying)
+                except hf.ForwardCancelled:
+                    result.cancelled = True  # stopped between layers; the forward was rolled back
+                    break
+                new = self._keep(out, new_count)
+                for tok, lp in zip(new, out.logprobs):
+                    if tok in engine.stop_ids:
+                        break
+                    result.tokens.append(tok)
+                    result.logprobs.append(lp)
+                    yield tok
+                if opts.cancelled():
+                    result.cancelled = True
+        except torch.OutOfMemoryError as exc:
+            failed = True
+            raise self._out_of_memory(target, exc) from exc
+        except BaseException as exc:
+            if not isinstance(exc, GeneratorExit):
+                failed = True  # mid-forward: the layers may hold different lengths, keep nothing
+                result.stop_reason = "error"
+                engine._discard(target)
+            raise
+        finally:
+            engine._cancel = None
+            self._finish(target, failed, started, draft_forwards_before)
+
+    def _sampling(self) -> Sampling | None:
+        opts = self.opts
+        if opts.temperature <= 0:
+            return None
+        device = next(self.engine.target_model.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(opts.seed) if opts.seed is not None else None
+        return Sampling(opts.temperature, opts.top_p, generator)
+
+    def _copy_prior(self) -> CopyPrior | None:
+        if self.opts.copy_weight <= 0:
+            return None
+        typed = self.opts.constraint.rest if self.opts.constraint is not None else ""
+        return CopyPrior(self.opts.copy_weight, line_breaks=self.engine.line_breaks,
+                         prompt_len=len(self.seq), typed_breaks=typed.count("\n"))
+
+    def _prefill(self, target) -> None:
+        t0 = time.perf_counter()
+        done = target.prefill(self.seq[len(target):-1], self.engine.prefill_chunk, self.opts.cancelled)
+        self.result.prefill_s = time.perf_counter() - t0
+        if done:
+            self.result.prefill_tokens = self.prompt_len - self.result.reused_tokens
+        else:
+            self.result.cancelled = True
+
+    def _keep(self, out, new_count: int) -> list[int]:
+        """The step's tokens this generation keeps (to an end token, within max_new_tokens),
+        counted, recorded for adaptive K, appended to seq and passed to the constraint."""
+        engine, result = self.engine, self.result
+        result.draft_s += out.draft_s if self.sources else 0.0  # target-only: no drafting time
+        result.verify_s += out.verify_s
+        result.target_forwards += 1
+        engine._record_verify(out.fed, out.verify_s)
+        new = out.tokens
+        ends = [i for i, t in enumerate(new) if t in engine.stop_ids]
+        if ends:
+            new, result.stop_reason = new[:ends[0] + 1], "eos"
+        new = new[:self.opts.max_new_tokens - new_count]
+        if out.source is not None:
+            engine.controllers[out.source.name].record(out.proposed, out.kept, out.draft_s,
+                                                       len(new), out.draft_s + out.verify_s)
+            result.proposed += out.proposed
+            result.accepted += min(out.kept, len(new))  # drafts after an end token don't count
+        self.seq.extend(new)
+        if self.opts.constraint is not None:
+            self.opts.constraint.accept(new)
+        return new
+
+    def _out_of_memory(self, target, exc: BaseException) -> GenerationError:
+        self.result.stop_reason = "error"
+        context = len(self.seq)
+        self.engine._discard(target)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return GenerationError(
+            f"out of GPU memory at {context} tokens of context: lower the context budget or "
+            f"max tokens, or pick a smaller preset ({exc.__class__.__name__})")
+
+    def _finish(self, target, failed: bool, started: float, draft_forwards_before: int) -> None:
+        engine, result = self.engine, self.result
+        if not failed:
+            target.crop(min(len(target), len(self.seq)))  # e.g. drops KV after an end token
+            engine.target_cache.release(self.opts.key, target)
+        for source in self.sources:
+            source.end(self.opts.key, None if failed else self.seq)
+        if result.cancelled:
+            result.stop_reason = "cancelled"
+        result.draft_forwards = sum(s.forwards for s in self.sources) - draft_forwards_before
+        result.wall_s = time.perf_counter() - started
+        result.other_s = max(result.wall_s - result.prefill_s - result.draft_s - result.verify_s, 0.0)

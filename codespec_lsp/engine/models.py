@@ -4,7 +4,7 @@
   unless the user allowed downloads: offline, a missing checkpoint is an error at once, not a hang.
 - `trust_remote_code` is off unless the user sets it.
 - GPTQ checkpoints load through transformers' GPTQ integration, which needs the `gptq` extra.
-- The pairing check (codespec_lsp.planning.pairing, the rule `doctor` reports too) runs before anything
+- The pairing check (codespec_lsp.engine.pairing, the rule `doctor` reports too) runs before anything
   else is built: a draft whose tokenizer gives other ids than the target's would have every token
   rejected (a "working" setup that is only slower).
 """
@@ -24,7 +24,7 @@ from codespec_lsp import TINY_DIR
 from codespec_lsp.engine import hf
 from codespec_lsp.engine.api import MissingExtraError, ModelLoadError, TokenizerMismatchError
 from codespec_lsp.engine.engine import Engine
-from codespec_lsp.planning.pairing import compare_tokenizers
+from codespec_lsp.engine.pairing import compare_tokenizers
 
 # Progress bars on stderr are noise in an LSP log and in `complete` output.
 hf_logging.disable_progress_bar()
@@ -167,7 +167,7 @@ def _explain(ref: str, what: str, exc: Exception, allow_download: bool) -> str:
 
 def check_pair(draft_tok: PreTrainedTokenizerBase, target_tok: PreTrainedTokenizerBase,
                draft_name: str, target_name: str) -> None:
-    """Raise TokenizerMismatchError unless the pair passes the pairing rule (codespec_lsp.planning.pairing),
+    """Raise TokenizerMismatchError unless the pair passes the pairing rule (codespec_lsp.engine.pairing),
     with the same reason `doctor` reports for it."""
     check = compare_tokenizers(draft_tok, target_tok)
     if not check.compatible:

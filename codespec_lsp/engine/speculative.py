@@ -17,9 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-# The planner owns the speedup model, best_k and K's bound (pure arithmetic); the engine applies
-# them to measured numbers.
-from codespec_lsp.planning.planner import K_MAX, best_k  # noqa: F401  (re-exported for the engine)
+from codespec_lsp.engine.speedup import K_MAX, best_k  # noqa: F401  (re-exported for the engine)
 
 
 def adjust_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:

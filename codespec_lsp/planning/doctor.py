@@ -2,7 +2,7 @@
 
 Promises: each model name resolves to its config and tokenizer facts without the network (the
 preset `tiny`, a local folder, or a hub id from the shipped catalog); the tokenizers are compared
-by the loader's own rule, codespec_lsp.planning.pairing (token by token when both are on disk, by recorded
+by the loader's own rule, codespec_lsp.engine.pairing (token by token when both are on disk, by recorded
 facts otherwise), so a pair called compatible here is one the loader accepts; when both models load
 locally, acceptance and cost are measured with the engine on the held-out corpus; the numbers
 then go through planner.plan. `plan_pair` is the same check for the server to run at start.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codespec_lsp import TINY_DIR
-from codespec_lsp.planning import pairing
+from codespec_lsp.engine import pairing
 from codespec_lsp.planning import planner
 
 PACKAGE = Path(__file__).resolve().parent

@@ -7,6 +7,7 @@ plus the KV cache of the context), which is what bounds single-stream decoding o
 
     E(K)       = (1 - α^(K+1)) / (1 - α)        expected tokens per target forward (K+1 at α = 1)
     speedup(K) = E(K) / (1 + K·c)               c = draft cost / target cost per forward
+(engine/speedup.py: the functions, shared with adaptive K)
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass
+
+# The speedup model is the engine's (adaptive K applies it to measured numbers); the plan applies
+# it to estimated ones.
+from codespec_lsp.engine.speedup import K_MAX, best_k, expected_speedup, expected_tokens  # noqa: F401
 
 GiB = 1 << 30
 
@@ -27,7 +32,6 @@ RUNTIME_OVERHEAD_BYTES = CUDA_CONTEXT_BYTES + ACTIVATION_BYTES  # 1.5 GiB, state
 # Per-token greedy agreement of a same-family code pair (7B drafting for 13B); speculative decoding
 # papers report 0.6-0.9 on code, and 0.8 is what makes the byte-ratio fact "7B/13B caps near 1.2x".
 DEFAULT_ACCEPTANCE = 0.8
-K_MAX = 8                    # the engine never proposes more than this many tokens per step
 MIN_USEFUL_SPEEDUP = 1.1     # below this the gain drowns in scheduling noise
 HIGH_COST_RATIO = 0.25       # a draft above a quarter of the target's cost caps the speedup early
 DISPATCH_BOUND = 1.3         # measured c this far above the bytes ratio: launches, not memory, set it
@@ -162,32 +166,6 @@ def max_context(gpu_mem: int, weights: int, kv_per_token: int,
     return min(fit, max_positions) if max_positions else fit
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def expected_speedup(alpha: float, k: int, c: float) -> float:
-    return expected_tokens(alpha, k) / (1.0 + k * c)
-
-
-def best_k(alpha: float, c: float, k_max: int = K_MAX,
-           verify_cost: list[float] | None = None) -> tuple[int, float]:
-    """argmax over K in 0..k_max of the speedup; ties go to the smaller K (less wasted draft work).
-
-    verify_cost[k]: a target forward over k+1 tokens, in 1-token forwards (verify_cost[0] == 1).
-    None: 1 for every k (memory-bound decoding, the plan's model); the engine passes measured ones.
-    """
-    best = (0, 1.0)
-    for k in range(1, k_max + 1):
-        verify = verify_cost[k] if verify_cost is not None else 1.0
-        s = expected_tokens(alpha, k) / (verify + k * c)
-        if s > best[1] + 1e-12:
-            best = (k, s)
-    return best
-
-
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -240,6 +218,24 @@ class Plan:
         return {k: d[k] for k in JSON_FIELDS}
 
 
+def _fit_notes(needed: int, gpu_mem_bytes: int, context: int, max_ctx: int, limit: int
+               ) -> tuple[str, list[str]]:
+    """(the verdict on memory, advice when it does not fit)."""
+    if max_ctx >= context:
+        return (f"fits: {_gib(needed):.1f} of {_gib(gpu_mem_bytes):.1f} GiB at {context} tokens "
+                f"of context (max {max_ctx})"), []
+    if needed > gpu_mem_bytes:
+        verdict = (f"does not fit: needs {_gib(needed):.1f} GiB at {context} tokens of context, "
+                   f"the card has {_gib(gpu_mem_bytes):.1f} GiB (max context {max_ctx})")
+        if max_ctx > 0:
+            return verdict, [f"Shorten the context to at most {max_ctx} tokens, or use a smaller "
+                             "quantization."]
+        return verdict, ["The weights alone do not fit: use a smaller quantization (4-bit GPTQ "
+                         "weights take about 0.3 of fp16) or smaller models."]
+    return (f"does not fit: {context} tokens of context exceed the {limit} positions the models "
+            "know"), [f"Shorten the context to at most {max_ctx} tokens."]
+
+
 def plan(draft_cfg: dict, target_cfg: dict, gpu_mem_bytes: int, context: int, *,
          k: int | None = None, acceptance: float | None = None, acceptance_source: str | None = None,
          measured_cost_ratio: float | None = None, cost_source: str | None = None,
@@ -278,21 +274,9 @@ def plan(draft_cfg: dict, target_cfg: dict, gpu_mem_bytes: int, context: int, *,
                        "draft token, so speculative decoding gives no speedup")
         advice.append("Pick a draft that shares the target's tokenizer (same model family), or use "
                       "n-gram drafting, which needs no draft model.")
-    if fits:
-        verdict.append(f"fits: {_gib(needed):.1f} of {_gib(gpu_mem_bytes):.1f} GiB at {context} tokens "
-                       f"of context (max {max_ctx})")
-    elif needed > gpu_mem_bytes:
-        verdict.append(f"does not fit: needs {_gib(needed):.1f} GiB at {context} tokens of context, "
-                       f"the card has {_gib(gpu_mem_bytes):.1f} GiB (max context {max_ctx})")
-        if max_ctx > 0:
-            advice.append(f"Shorten the context to at most {max_ctx} tokens, or use a smaller quantization.")
-        else:
-            advice.append("The weights alone do not fit: use a smaller quantization (4-bit GPTQ "
-                          "weights take about 0.3 of fp16) or smaller models.")
-    else:
-        verdict.append(f"does not fit: {context} tokens of context exceed the {limit} positions "
-                       "the models know")
-        advice.append(f"Shorten the context to at most {max_ctx} tokens.")
+    fit_verdict, fit_advice = _fit_notes(needed, gpu_mem_bytes, context, max_ctx, limit)
+    verdict.append(fit_verdict)
+    advice += fit_advice
     if tokenizer_compatible:
         if best_s < MIN_USEFUL_SPEEDUP:
             verdict.append(f"no useful speedup: {best_s:.2f}x at best (K={bk})")

@@ -10,7 +10,7 @@ Public surface:
 
 No remote unless configured; the API key is read from the environment variable the user names,
 never from settings, and is never logged. Modules: client.py (HTTP), backend.py (the seam),
-metrics.py (Prometheus text -> rates).
+ids.py (text and ids: local tokenizer or the server's), metrics.py (Prometheus text -> rates).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def connect_remote(url: str, model: str | None = None, api_key_env: str | None =
                                       f"use https://")
     if probe:
         try:
-            backend.loop.run(backend._probe(), timeout=client.deadline_s)
+            backend.loop.run(backend.ids.probe(), timeout=client.deadline_s)
         except ServerProblem as problem:
             backend.health.failed(problem)  # told once; the first request probes again
     return backend

@@ -20,19 +20,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from typing import Any
 
-from codespec_lsp.engine.api import CancelToken, GenerationResult, fim_tokens_of
-from codespec_lsp.completion.heal import Heal, HealVocab, token_texts
+from codespec_lsp.engine.api import CancelToken, GenerationResult, TokenConstraint
 from codespec_lsp.remote.client import (ServerClient, ServerInfo, ServerProblem, parse_chunk,
                                         top_logprobs)
+from codespec_lsp.remote.ids import RemoteIds
 from codespec_lsp.remote.metrics import server_rates
 
 log = logging.getLogger(__name__)
@@ -133,6 +132,35 @@ class Health:
             self._tell("info", f"codespec: {base} answers again")
 
 
+class ServerMetrics:
+    """The server's rates from its /metrics, refreshed in the background at most every
+    METRICS_EVERY_S, so asking for them never waits on the network."""
+
+    def __init__(self, client: ServerClient, loop: LoopThread) -> None:
+        self._client, self._loop = client, loop
+        self._rates: dict[str, Any] = {}
+        self._at = 0.0
+        self._future: concurrent.futures.Future | None = None
+
+    def rates(self) -> dict[str, Any]:
+        now = time.monotonic()
+        if now - self._at > METRICS_EVERY_S and (self._future is None or self._future.done()):
+            self._at = now
+            self._future = self._loop.submit(self._refresh())
+        return {"server_acceptance_rate": None, "server_prefix_cache_hit_rate": None, **self._rates}
+
+    def refresh(self, timeout: float) -> None:
+        self._loop.run(self._refresh(), timeout)
+
+    async def _refresh(self) -> None:
+        text = await self._client.metrics_text()
+        if text:
+            try:
+                self._rates = server_rates(text)
+            except ValueError:
+                log.debug("unreadable /metrics from %s", self._client.base)
+
+
 def _result(**counts: Any) -> GenerationResult:
     """A GenerationResult with the seam's fields where this version of api.py has them."""
     names = {f.name for f in fields(GenerationResult)}
@@ -214,7 +242,7 @@ class RemoteGeneration:
     def _on_chunk(self, ids: list[int] | None, logprobs: list[float], text: str,
                   finish: str | None) -> None:
         if ids is None:  # a text-only server: ids from the local tokenizer, stable part first
-            ids = self._backend.ids_for_text(self._text, text, final=finish is not None)
+            ids = self._backend.ids.ids_for_text(self._text, text, final=finish is not None)
             self._text += text
         stops = self._backend.stop_ids
         kept = [t for t in ids if t not in stops]
@@ -262,23 +290,6 @@ class RemoteGeneration:
             self._future.cancel()
 
 
-class _ServerDecoder:
-    """Just enough of a tokenizer for complete.py's detokenizer, backed by the server."""
-
-    all_special_ids: list[int] = []
-
-    def __init__(self, backend: "RemoteBackend") -> None:
-        self._backend = backend
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        try:
-            return self._backend.decode(ids)
-        except (ServerProblem, concurrent.futures.TimeoutError) as problem:
-            if isinstance(problem, ServerProblem):
-                self._backend.health.failed(problem)
-            return ""
-
-
 class RemoteBackend:
     """The seam's Backend over a remote server. Build it with `connect_remote` (remote/__init__)."""
 
@@ -286,17 +297,45 @@ class RemoteBackend:
                  notify: Notify | None = _log_notify, backoff_s: tuple[float, float] = (0.5, 8.0),
                  tokenizer_loader: Callable[[ServerInfo], Any] | None = None) -> None:
         self.client = client
-        self.local_tokenizer = tokenizer   # the HF tokenizer when one is at hand here
         self.health = Health(notify, backoff_s)
         self.loop = LoopThread()
-        self._tokenizer_loader = tokenizer_loader
+        self.ids = RemoteIds(client, self.loop, self.health, tokenizer, tokenizer_loader)
         self._open: dict[str, RemoteGeneration] = {}
         self._last_prompt: dict[str, list[int]] = {}   # key -> ids last sent (insertion = age)
         self._open_lock = threading.Lock()
-        self._metrics: dict[str, Any] = {}
-        self._metrics_at = 0.0
-        self._metrics_future: concurrent.futures.Future | None = None
-        self.text_warning_given = False
+        self.metrics = ServerMetrics(client, self.loop)
+
+    # ------------------------------------------------------------ the seam's text and ids (ids.py)
+
+    @property
+    def local_tokenizer(self) -> Any:
+        return self.ids.local_tokenizer
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.ids.tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self.ids.local_tokenizer = value
+
+    @property
+    def token_texts(self) -> list[str]:
+        return self.ids.token_texts
+
+    @property
+    def stop_ids(self) -> set[int]:
+        return self.ids.stop_ids
+
+    @property
+    def fim_tokens(self) -> tuple[str, str, str] | None:
+        return self.ids.fim_tokens
+
+    def count_tokens(self, text: str) -> int:
+        return self.ids.count_tokens(text)
+
+    def encode(self, text: str) -> list[int]:
+        return self.ids.encode(text)
 
     # ------------------------------------------------------------ facts
 
@@ -306,20 +345,6 @@ class RemoteBackend:
         server that takes `allowed_token_ids` (vLLM). Elsewhere the prompt goes unhealed, and a
         suggestion after e.g. a trailing space may differ from the in-process engine's."""
         return self.local_tokenizer is not None and self.kind == "vllm"
-
-    @functools.cached_property
-    def heal_vocab(self) -> HealVocab:
-        return HealVocab(token_texts(self.local_tokenizer, len(self.local_tokenizer)))
-
-    @property
-    def tokenizer(self) -> Any:
-        """The local tokenizer, or one that decodes through the server's /detokenize (complete.py
-        turns ids into text with `tokenizer.decode`)."""
-        return self.local_tokenizer if self.local_tokenizer is not None else _ServerDecoder(self)
-
-    @tokenizer.setter
-    def tokenizer(self, value: Any) -> None:
-        self.local_tokenizer = value
 
     @property
     def kind(self) -> str:
@@ -340,104 +365,16 @@ class RemoteBackend:
         info = self.client.info
         if info is not None and info.context_window:
             return info.context_window
-        return int(getattr(self.local_tokenizer, "model_max_length", 0) or 0) if \
-            0 < int(getattr(self.local_tokenizer, "model_max_length", 0) or 0) < 10**7 else 2048
-
-    @property
-    def stop_ids(self) -> set[int]:
-        eos = getattr(self.local_tokenizer, "eos_token_id", None)
-        return {eos} if isinstance(eos, int) else set()
-
-    @property
-    def fim_tokens(self) -> tuple[str, str, str] | None:
-        return fim_tokens_of(self.local_tokenizer)
-
-    # ------------------------------------------------------------ tokens
-
-    def count_tokens(self, text: str) -> int:
-        if self.local_tokenizer is not None:
-            return len(self.local_tokenizer.encode(text, add_special_tokens=False, verbose=False))
-        # No tokenizer here: a round trip per count would stall prompt building, so estimate
-        # on the high side (code runs 3-4 characters a token) and let the prompt come out short.
-        return -(-len(text) // 3)
-
-    def encode(self, text: str) -> list[int]:
-        """BOS + ids, as the in-process engine does; the server's /tokenize without a tokenizer."""
-        if self.local_tokenizer is not None:
-            ids = self.local_tokenizer.encode(text, add_special_tokens=False, verbose=False)
-            bos = self.local_tokenizer.bos_token_id
-        else:
-            try:
-                ids = self.loop.run(self._tokenize(text), timeout=self.client.deadline_s)
-            except ServerProblem as problem:
-                self.health.failed(problem)
-                return []  # generate() answers an empty prompt with an empty generation
-            bos = self._server_bos
-        return ([bos] if bos is not None else []) + list(ids)
-
-    _server_bos: int | None | bool = False   # False: not asked yet
-
-    async def _tokenize(self, text: str) -> list[int]:
-        if self.client.info is None:
-            await self._probe()
-        if self._server_bos is False:
-            self._server_bos = await self._find_server_bos()
-        return await self.client.tokenize(text)
-
-    async def _find_server_bos(self) -> int | None:
-        """The BOS the in-process engine would add. The server's tokenizer adds it itself for some
-        models; else vLLM's /tokenizer_info (--enable-tokenizer-info-endpoint) names it."""
-        plain = await self.client.tokenize("x")
-        special = await self.client.tokenize("x", add_special_tokens=True)
-        if len(special) == len(plain) + 1 and special[1:] == plain:
-            return special[0]
-        info = await self.client._optional_json(f"{self.client.root}/tokenizer_info")
-        bos = (info or {}).get("bos_token") if isinstance(info, dict) else None
-        if isinstance(bos, dict):
-            bos = bos.get("content")
-        if isinstance(bos, str) and bos:
-            ids = await self.client.tokenize(bos)
-            if len(ids) == 1:
-                return ids[0]
-        log.warning("%s: no local tokenizer and the server does not say which BOS its model "
-                    "expects: prompts go without one, so suggestions may differ from the "
-                    "in-process engine's", self.client.base)
-        return None
-
-    def decode(self, ids: Sequence[int]) -> str:
-        if self.local_tokenizer is not None:
-            return self.local_tokenizer.decode(list(ids), skip_special_tokens=True)
-        return self.loop.run(self.client.detokenize(list(ids)), timeout=self.client.deadline_s)
-
-    def ids_for_text(self, before: str, delta: str, final: bool) -> list[int]:
-        """For servers that stream text only: the ids of the new text, holding back the last
-        token until the text after it is known (it may still merge with what follows)."""
-        if not self.text_warning_given:
-            self.text_warning_given = True
-            log.warning("%s streams text, not token ids: re-tokenized here, so suggestions may "
-                        "differ from the in-process engine's", self.client.base)
-        if self.local_tokenizer is None:
-            return []
-        old = self.local_tokenizer.encode(before, add_special_tokens=False) if before else []
-        new = self.local_tokenizer.encode(before + delta, add_special_tokens=False)
-        stable_old = old if final and not before else old[:-1]
-        stable_new = new if final else new[:-1]
-        return stable_new[len(stable_old):] if new[:len(stable_old)] == stable_old else []
+        known = int(getattr(self.local_tokenizer, "model_max_length", 0) or 0)
+        return known if 0 < known < 10**7 else 2048  # tokenizers without one say ~1e30
 
     # ------------------------------------------------------------ generation
-
-    async def _probe(self) -> ServerInfo:
-        info = await self.client.probe()
-        if self.local_tokenizer is None and self._tokenizer_loader is not None:
-            loader, self._tokenizer_loader = self._tokenizer_loader, None
-            self.local_tokenizer = await asyncio.to_thread(loader, info)
-        return info
 
     async def pump(self, request: dict, out: queue.Queue) -> None:
         """Runs on the loop thread: probe once (kind, model), then stream chunks into `out`."""
         try:
             if self.client.info is None:
-                await self._probe()
+                await self.ids.probe()
             heal = request.pop("heal", None)
             if heal is not None:
                 request = await self._heal(request, heal, out)
@@ -463,7 +400,7 @@ class RemoteBackend:
             out.put(("fail", ServerProblem("bad_reply", f"codespec: remote generation failed: "
                                            f"{type(exc).__name__}: {exc}")))
 
-    async def _heal(self, request: dict, heal: Heal, out: queue.Queue) -> dict | None:
+    async def _heal(self, request: dict, heal: TokenConstraint, out: queue.Queue) -> dict | None:
         """Token healing on the server: the token(s) re-typing `heal.rest` come one short request
         each (vLLM's prefix cache makes it one cheap forward), then the main request goes on from
         there. None when the generation already ended (nothing re-types it, or no room left)."""
@@ -483,7 +420,7 @@ class RemoteBackend:
             return None
         return {**request, "prompt": prompt, "max_tokens": left}
 
-    async def _healing_token(self, request: dict, heal: Heal) -> tuple[int, float] | None:
+    async def _healing_token(self, request: dict, heal: TokenConstraint) -> tuple[int, float] | None:
         """(id, logprob) of the next token under the healing constraint, as the in-process engine
         masks it. A small allowed set goes as `allowed_token_ids` (exact, greedy or sampled). A
         large one (a trailing space allows every token that starts with one) is over vLLM's
@@ -510,30 +447,37 @@ class RemoteBackend:
     def generate(self, ids: list[int], *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None,
-                 lookup_ids: Sequence[int] = (), heal: str = "", words: Iterable[str] = (),
+                 lookup_ids: Sequence[int] = (), constraint: TokenConstraint | None = None,
                  copy_weight: float = 0.0) -> RemoteGeneration:
-        """`heal`: the answer must start with it (token healing; see _heal). `speculative` and
-        `lookup_ids` are the server's business and ignored here, and so is `words` (the lean to
-        the document's identifiers, heal.Heal): the server picks every token after the healing
-        ones, and vLLM's `logit_bias` cannot follow a word across tokens. `copy_weight` too: the
+        """`constraint`: token healing, the answer must start with its `rest` (see _heal); only
+        its mask is applied, to the healing tokens. `speculative` and `lookup_ids` are the server's
+        business and ignored here, and so is the healing's lean to the document's identifiers
+        (completion.heal.Heal's `words`): the server picks every token after the healing ones,
+        and vLLM's `logit_bias` cannot follow a word across tokens. `copy_weight` too: the
         copy prior (engine/copy_prior.py) reweighs every step's distribution, which the
         OpenAI-compatible API does not let a client do."""
         ids = self._fit(list(ids), max_new_tokens)
-        with self._open_lock:
-            previous = self._open.pop(key, None) if key is not None else None
-        if previous is not None:
-            previous.close()  # never two requests in flight for one document
+        self._supersede(key)
         request = None
         if ids and not self.health.waiting():  # backing off: an empty answer at once, no network
             request = dict(prompt=ids, max_tokens=max_new_tokens, temperature=temperature,
                            top_p=top_p, seed=seed)
-            if heal and self.supports_heal:
-                request["heal"] = Heal(self.heal_vocab, heal)
+            if constraint is not None and constraint.rest and self.supports_heal:
+                request["heal"] = constraint
         gen = RemoteGeneration(self, ids, request, cancel, key)
         if key is not None and request is not None:
             with self._open_lock:
                 self._open[key] = gen
         return gen
+
+    def _supersede(self, key: str | None) -> None:
+        """The backend's own per-document supersede, kept here in one place: a new generation for
+        `key` closes the one still open for it, so one document never has two server requests in
+        flight (whatever the caller's scheduler decided)."""
+        with self._open_lock:
+            previous = self._open.pop(key, None) if key is not None else None
+        if previous is not None:
+            previous.close()
 
     def _fit(self, ids: list[int], max_new_tokens: int) -> list[int]:
         """Keep the first id (BOS) and the tail when prompt + answer would not fit the window."""
@@ -551,12 +495,7 @@ class RemoteBackend:
             self._last_prompt[key] = ids
             while len(self._last_prompt) > 64:  # a bounded memory: the oldest documents go first
                 self._last_prompt.pop(next(iter(self._last_prompt)))
-        n = 0
-        for a, b in zip(last, ids):
-            if a != b:
-                break
-            n += 1
-        return n
+        return next((n for n, (a, b) in enumerate(zip(last, ids)) if a != b), min(len(last), len(ids)))
 
     def forget(self, key: str | None, gen: RemoteGeneration) -> None:
         if key is None:
@@ -583,28 +522,13 @@ class RemoteBackend:
     # ------------------------------------------------------------ stats
 
     def server_stats(self) -> dict[str, Any]:
-        """backend kind plus the server's rates from its /metrics (refreshed in the background,
-        at most every METRICS_EVERY_S; never blocks the caller)."""
-        now = time.monotonic()
-        if now - self._metrics_at > METRICS_EVERY_S and (
-                self._metrics_future is None or self._metrics_future.done()):
-            self._metrics_at = now
-            self._metrics_future = self.loop.submit(self._refresh_metrics())
-        return {"backend": self.kind, "server_acceptance_rate": None,
-                "server_prefix_cache_hit_rate": None, **self._metrics}
+        """backend kind plus the server's rates from its /metrics (never blocks the caller)."""
+        return {"backend": self.kind, **self.metrics.rates()}
 
     def refresh_metrics(self, timeout: float = 5.0) -> dict[str, Any]:
         """Scrape now and wait (benchmarks, tests)."""
-        self.loop.run(self._refresh_metrics(), timeout)
+        self.metrics.refresh(timeout)
         return self.server_stats()
-
-    async def _refresh_metrics(self) -> None:
-        text = await self.client.metrics_text()
-        if text:
-            try:
-                self._metrics = server_rates(text)
-            except ValueError:
-                log.debug("unreadable /metrics from %s", self.client.base)
 
     def close(self) -> None:
         with self._open_lock:

@@ -1,7 +1,8 @@
 """The one pairing rule: can this draft speculate for this target?
 
 Used by both `doctor` (which reports the check) and the loader (engine/models.py, which refuses a
-pair with the same reason), so the two can never disagree about a pair.
+pair with the same reason), so the two can never disagree about a pair. It lives in the engine because
+the loader enforces it; the doctor (planning/) reads it from here.
 
 The rule: the draft proposes ids that the target verifies, and the target's prompt ids are fed to
 the draft, so every id must mean the same token on both sides. Concretely:
