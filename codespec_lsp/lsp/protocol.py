@@ -19,6 +19,8 @@ Promises:
   (-32002), notifications then are dropped; a second `initialize` is refused with
   InvalidRequest, the open documents stay; after `shutdown` every request but `exit` gets
   InvalidRequest; `exit` ends the session with code 0 after `shutdown`, 1 without.
+- A request the client cancelled before its handler ran a line is reported to
+  `cancelled_before_start(method)`, since nothing in the handler can see it.
 - Memory: pygls keeps a future per handled notification in `_request_futures` and never drops
   it (about 1.9 KB a keystroke); here every handler's future leaves the table once done.
 """
