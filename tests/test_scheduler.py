@@ -7,13 +7,9 @@ import pytest
 from codespec_lsp.config import Settings
 from codespec_lsp.lsp.host import EngineHost
 from codespec_lsp.completion.rhythm import Rhythm
-from codespec_lsp.lsp.scheduler import (
-    CompletionCache,
-    CompletionRequest,
-    Debouncer,
-    Scheduler,
-    split_line,
-)
+from codespec_lsp.lsp.cache import CompletionCache, Hit
+from codespec_lsp.lsp.scheduler import CompletionRequest, Scheduler, split_line
+from codespec_lsp.lsp.supersede import Supersede
 from fake_engine import FakeEngine
 
 STATS_FIELDS = {
@@ -67,44 +63,6 @@ def make(engine=None, clock=None, **settings):
 
 def req(source, offset=None, key="file:///a.py"):
     return CompletionRequest(key, source, len(source) if offset is None else offset)
-
-
-# ------------------------------------------------------------ debounce
-
-
-async def test_debounce_fires_after_delay():
-    clock = FakeClock()
-    d = Debouncer(clock.sleep)
-    t = asyncio.ensure_future(d.wait("a", 0.1))
-    await settle()
-    assert not t.done()
-    clock.advance(0.1)
-    await settle()
-    assert t.result() is True
-
-
-async def test_newer_call_releases_older_at_once():
-    clock = FakeClock()
-    d = Debouncer(clock.sleep)
-    first = asyncio.ensure_future(d.wait("a", 0.1))
-    await settle()
-    second = asyncio.ensure_future(d.wait("a", 0.1))
-    await settle()
-    assert first.done() and first.result() is False  # no clock advance needed
-    clock.advance(0.1)
-    await settle()
-    assert second.result() is True
-
-
-async def test_debounce_is_keyed():
-    clock = FakeClock()
-    d = Debouncer(clock.sleep)
-    a = asyncio.ensure_future(d.wait("a", 0.1))
-    b = asyncio.ensure_future(d.wait("b", 0.1))
-    await settle()
-    clock.advance(0.2)
-    await settle()
-    assert a.result() is True and b.result() is True
 
 
 # ------------------------------------------------------------ rhythm
@@ -265,9 +223,9 @@ def test_cache_repeat_and_typing_through():
     c = CompletionCache()
     src = "x = \nprint(x)\n"
     c.put("u", src, 4, "value + 1")
-    assert c.get("u", src, 4) == ("value + 1", "repeat")
+    assert c.get("u", src, 4) == Hit("value + 1", "repeat")
     typed = "x = val\nprint(x)\n"
-    assert c.get("u", typed, 7) == ("ue + 1", "typing_through")
+    assert c.get("u", typed, 7) == Hit("ue + 1", "typing_through")
     assert c.get("u", "x = vax\nprint(x)\n", 7) is None      # typed something else
     assert c.get("u", "y = val\nprint(x)\n", 7) is None      # text above changed
     assert c.get("u", "x = val\nprint(y)\n", 7) is None      # text below changed
@@ -279,26 +237,43 @@ def test_typing_through_an_opener_the_editor_closed():
     below = "\nprint(y)\n"
     c.put("u", "y = " + below, 4, 'open("data.txt")')
     # the user types `open(`; the editor adds `)` right of the cursor
-    assert c.get("u", "y = open()" + below, 9) == ('"data.txt"', "typing_through")
+    assert c.get("u", "y = open()" + below, 9) == Hit('"data.txt"', "typing_through")
     # then `"`, auto-closed too: the rest stops before both closers
     shown = c.get("u", 'y = open("")' + below, 10)
-    assert shown == ("data.txt", "typing_through")
+    assert shown == Hit("data.txt", "typing_through")
     # accepting what is shown leaves exactly the suggested line
     assert 'y = open("' + shown[0] + '")' == 'y = open("data.txt")'
     # typed to the closers: nothing is left to show
     assert c.get("u", 'y = open("data.txt")' + below, 19) is None
 
 
-def test_typing_through_closers_only_where_the_suggestion_ends_with_them():
+def test_typing_through_closers_the_rest_goes_on_past():
+    """Issue 28: a rest that goes on past the closer the editor inserted (`f(` → `f()`) was
+    dropped and the model asked again. It now replaces the closer, so accepting it leaves exactly
+    the suggested text; editors draw it around the closer."""
     c = CompletionCache()
     c.put("u", "y = \n", 4, "f(a) or b")
-    assert c.get("u", "y = f()\n", 6) is None       # the rest goes on past the `)`
+    hit = c.get("u", "y = f()\n", 6)
+    assert hit == Hit("a) or b", "typing_through", replace=1)
+    assert "y = f(" + hit.text + "y = f()\n"[6 + hit.replace:] == "y = f(a) or b\n"
     c.put("u", "z = \n", 4, "g(a)\nh(b)")
-    assert c.get("u", "z = g()\n", 6) is None       # a closer on another line of the rest
+    hit = c.get("u", "z = g()\n", 6)           # the rest runs on to another line
+    assert hit == Hit("a)\nh(b)", "typing_through", replace=1)
+    c.put("u", "s = \n", 4, 'open("a.txt").read()')
+    hit = c.get("u", 's = open("")\n', 10)      # two closers, both typed over
+    assert hit == Hit('a.txt").read()', "typing_through", replace=2)
+    assert 's = open("' + hit.text + 's = open("")\n'[10 + hit.replace:] == \
+        's = open("a.txt").read()\n'
+
+
+def test_typing_through_closers_refuses_what_accepting_would_break():
+    c = CompletionCache()
     c.put("u", "w = \n", 4, "k()")
     assert c.get("u", "w = k()\n", 6) is None       # nothing left but the closer itself
     c.put("u", "v = \n", 4, "m(a)")
     assert c.get("u", "v = m(]\n", 6) is None       # not the closer the suggestion writes
+    c.put("u", "t = \n", 4, "n(a\n)")
+    assert c.get("u", "t = n()\n", 6) is None       # its closer is on another line: not drawable
 
 
 def test_cache_is_bounded():
@@ -329,7 +304,7 @@ async def test_answer_is_postprocessed_and_counted():
     s = make(eng)
     out = await s.complete(req("x = "))
     assert out.status == "answered" and out.text == "value + 1" and out.id
-    st = s.stats_dict()
+    st = s.stats.report(s.host)
     assert set(st) == STATS_FIELDS
     assert st["requests"] == 1 and st["answered"] == 1 and st["state"] == "ready"
     assert st["target"] == "fake-target" and st["prefill_tokens"] > 0
@@ -355,7 +330,7 @@ async def test_repeat_and_typing_through_cost_no_model_call():
     assert typed.text == "e + 1" and typed.status == "typing_through"
     # A repeat is not typing through (issue 13): each has its own counter, both are answers.
     assert eng.calls == 1 and s.stats.typing_through_hits == 1 and s.stats.repeats == 1
-    assert s.stats.answered == 3 and s.counters()["repeats"] == 1
+    assert s.stats.answered == 3 and s.stats.counters(s.host)["repeats"] == 1
 
 
 async def test_diverging_typing_calls_model():
@@ -371,14 +346,14 @@ async def test_not_ready_answers_empty_without_engine():
     out = await s.complete(req("x = "))
     assert out.text is None and out.status == "not_ready"
     # Not an answer (issue 13): `answered` counted these, flattering every count built on it.
-    assert s.stats_dict()["state"] == "loading" and s.stats.answered == 0
-    assert s.counters()["not_ready"] == 1
+    assert s.stats.report(s.host)["state"] == "loading" and s.stats.answered == 0
+    assert s.stats.counters(s.host)["not_ready"] == 1
 
 
 async def test_disabled():
     s = make(FakeEngine(), enable=False)
     assert (await s.complete(req("x = "))).status == "disabled"
-    assert s.stats.answered == 0 and s.counters()["disabled"] == 1
+    assert s.stats.answered == 0 and s.stats.counters(s.host)["disabled"] == 1
 
 
 async def test_newer_request_supersedes_generating_one():
@@ -467,7 +442,7 @@ async def test_engine_error_gives_empty_answer():
     s = make(Broken())
     out = await s.complete(req("x = "))
     assert out.text is None and out.status == "error"
-    assert s.stats.answered == 0 and s.counters()["errors"] == 1
+    assert s.stats.answered == 0 and s.stats.counters(s.host)["errors"] == 1
 
 
 async def test_the_copy_weight_setting_reaches_the_engine():
@@ -489,10 +464,10 @@ async def test_the_copy_weight_setting_reaches_the_engine():
 async def test_feedback_counts_only_known_ids():
     s = make(FakeEngine())
     out = await s.complete(req("x = "))
-    assert s.record_feedback("shown", out.id)
-    assert s.record_feedback("accepted", out.id)
-    assert not s.record_feedback("accepted", "nope")
-    c = s.counters()
+    assert s.stats.feedback("shown", out.id)
+    assert s.stats.feedback("accepted", out.id)
+    assert not s.stats.feedback("accepted", "nope")
+    c = s.stats.counters(s.host)
     assert c["shown"] == 1 and c["accepted"] == 1 and c["shown_acceptance_rate"] == 1.0
 
 
@@ -543,7 +518,7 @@ async def test_every_request_is_counted_once_by_its_outcome():
     enabled["on"] = True
     eng.script = lambda prompt: 1 / 0
     assert (await s.complete(req("y = "))).status == "error"
-    st, c = s.stats_dict(), s.counters()
+    st, c = s.stats.report(s.host), s.stats.counters(s.host)
     assert st["requests"] == 6
     assert (st["answered"], c["repeats"], st["typing_through_hits"]) == (3, 1, 1)
     assert (c["not_ready"], c["disabled"], c["errors"]) == (1, 1, 1)
@@ -555,7 +530,7 @@ async def test_latency_percentiles_count_only_real_answers():
     s = make(None)
     for _ in range(5):
         await s.complete(req("x = "))
-    assert s.stats_dict()["latency_ms_p50"] == 0.0 and not s.stats.latencies_ms
+    assert s.stats.report(s.host)["latency_ms_p50"] == 0.0 and not s.stats.latencies_ms
 
 
 # ------------------------------------------------------------ faults in the worker
@@ -589,21 +564,21 @@ async def test_a_fault_is_logged_once_with_its_traceback_and_the_worker_goes_on(
     assert len(errors) == 1 and errors[0].exc_info and "ZeroDivisionError" in errors[0].message
     eng.script = lambda prompt: "value + 1\n"
     assert (await s.complete(req("z = "))).status == "answered"
-    assert s.counters()["errors"] == 3
+    assert s.stats.counters(s.host)["errors"] == 3
 
 
 async def test_a_bug_outside_the_worker_costs_one_answer_not_the_server():
     s = make(FakeEngine())
     s.cache.get = lambda *a: 1 / 0  # any bug on the event-loop side of a request
     assert (await s.complete(req("x = "))).status == "error"
-    assert s.counters()["errors"] == 1 and s.stats.requests == 1
+    assert s.stats.counters(s.host)["errors"] == 1 and s.stats.requests == 1
 
 
 async def test_feedback_with_an_object_id_is_ignored_not_an_error():
     """Issue 13 item 11: an object argument answered -32603 `unhashable type: 'dict'`."""
     s = make(FakeEngine())
-    assert s.record_feedback("accepted", {"id": "c1"}) is False
-    assert s.record_feedback("shown", ["c1"]) is False
+    assert s.stats.feedback("accepted", {"id": "c1"}) is False
+    assert s.stats.feedback("shown", ["c1"]) is False
 
 
 # ------------------------------------------------------------ settings reach the worker
@@ -659,3 +634,50 @@ async def test_a_given_executor_is_the_engine_thread():
     assert (await s.complete(req("x = "))).status == "answered"
     assert names and names[0].startswith("shared")
     pool.shutdown()
+
+
+# ------------------------------------------------------------ the cache outlives nothing (issue 28)
+
+
+async def test_a_reload_does_not_answer_the_old_models_suggestion():
+    old = FakeEngine(script=lambda p: "old_model()\n")
+    s = make(old)
+    assert (await s.complete(req("x = "))).text == "old_model()"
+    new = FakeEngine(script=lambda p: "new_model()\n")
+    s.host.engine = new  # what a reload leaves behind
+    out = await s.complete(req("x = "))
+    assert (out.status, out.text, new.calls) == ("answered", "new_model()", 1)
+
+
+@pytest.mark.parametrize("change", [dict(max_tokens=9), dict(min_confidence=0.3),
+                                    dict(copy_weight=0.0), dict(preset="smol")])
+async def test_a_settings_change_asks_the_model_again(change):
+    eng = FakeEngine()
+    cfg = {"now": Settings(debounce_ms=0)}
+    host = EngineHost(loader=lambda s: eng)
+    host.engine, host.state = eng, "ready"
+    s = Scheduler(host, lambda: cfg["now"])
+    await s.complete(req("x = "))
+    assert (await s.complete(req("x = "))).status == "repeat"  # unchanged: from memory
+    cfg["now"] = Settings(debounce_ms=0, **change)
+    assert (await s.complete(req("x = "))).status == "answered" and eng.calls == 2
+
+
+async def test_an_edit_far_above_the_cursor_inside_the_prompt_asks_again():
+    filler = "".join(f"value_{i} = compute({i})\n" for i in range(300))  # ~8,000 characters
+    before = "import os\n" + filler + "x = "
+    eng = FakeEngine(context_window=8192)
+    s = make(eng, context_tokens=4000)  # the whole file fits the prompt
+    assert (await s.complete(req(before))).status == "answered"
+    after = "import re\n" + filler + "x = "  # same length, same cursor, 8,000 characters above
+    assert len(after) - after.index("import re") > 4096
+    assert (await s.complete(req(after))).status == "answered" and eng.calls == 2
+
+
+async def test_an_edit_above_the_prompt_still_answers_from_memory():
+    filler = "".join(f"value_{i} = compute({i})\n" for i in range(300))
+    eng = FakeEngine(context_window=8192)
+    s = make(eng, context_tokens=200)  # the prompt holds only the last lines
+    await s.complete(req("import os\n" + filler + "x = "))
+    out = await s.complete(req("import re\n" + filler + "x = "))
+    assert out.status == "repeat" and eng.calls == 1

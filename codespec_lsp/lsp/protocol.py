@@ -19,6 +19,8 @@ Promises:
   (-32002), notifications then are dropped; a second `initialize` is refused with
   InvalidRequest, the open documents stay; after `shutdown` every request but `exit` gets
   InvalidRequest; `exit` ends the session with code 0 after `shutdown`, 1 without.
+- A request the client cancelled before its handler ran a line is reported to
+  `cancelled_before_start(method)`, since nothing in the handler can see it.
 - Memory: pygls keeps a future per handled notification in `_request_futures` and never drops
   it (about 1.9 KB a keystroke); here every handler's future leaves the table once done.
 """
@@ -26,6 +28,7 @@ Promises:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import re
@@ -48,6 +51,7 @@ STALL_S = 0.25
 _HEADER = re.compile(rb"content-length[ \t]*:[ \t]*(\d+)", re.IGNORECASE)
 _NAME_VALUE = re.compile(rb"^[A-Za-z0-9-]+[ \t]*:")
 SERVER_NOT_INITIALIZED = -32002
+_TASK_PREFIX = "lsp-request:"
 
 
 # ------------------------------------------------------------------------------ framing
@@ -336,6 +340,23 @@ class HardenedProtocol(LanguageServerProtocol):
         fut = self._request_futures.get(msg_id)
         if fut is not None:
             fut.add_done_callback(lambda f, i=msg_id: self._forget_future(i, f))
+
+    def _handle_request(self, msg_id: Any, method_name: str, params: Any) -> None:
+        super()._handle_request(msg_id, method_name, params)
+        if isinstance(task := self._request_futures.get(msg_id), asyncio.Task):
+            task.set_name(f"{_TASK_PREFIX}{method_name}")  # for cancelled_before_start
+
+    def _handle_cancel_notification(self, msg_id: Any) -> None:
+        task = self._request_futures.get(msg_id)
+        unstarted = (isinstance(task, asyncio.Task) and task.get_name().startswith(_TASK_PREFIX)
+                     and inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED)
+        super()._handle_cancel_notification(msg_id)  # pops the task and cancels it
+        if unstarted and msg_id not in self._request_futures:
+            self.cancelled_before_start(task.get_name()[len(_TASK_PREFIX):])
+
+    def cancelled_before_start(self, method: str) -> None:
+        """A request was cancelled before its handler ran a line, so nothing in the handler
+        saw it: a subclass that counts requests counts it here."""
 
     def _forget_future(self, msg_id: Any, fut: Any) -> None:
         if self._request_futures.get(msg_id) is fut:

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import logging
 import sys
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from lsprotocol import types
 from pygls.exceptions import FeatureRequestError, JsonRpcInvalidParams
@@ -39,7 +38,8 @@ from codespec_lsp.lsp import documents
 from codespec_lsp.lsp import transport
 from codespec_lsp.lsp.protocol import HardenedProtocol
 from codespec_lsp.lsp.host import EngineHost, LoadOutcome, default_loader
-from codespec_lsp.lsp.scheduler import CompletionRequest, Scheduler
+from codespec_lsp.lsp.scheduler import CompletionRequest, Outcome, Scheduler
+from codespec_lsp.stats import RequestStats
 
 log = logging.getLogger("codespec_lsp")
 
@@ -72,25 +72,12 @@ class CodespecProtocol(HardenedProtocol):
             result.capabilities.completion_provider = None
         return result
 
-    def _handle_cancel_notification(self, msg_id: Any) -> None:
+    def cancelled_before_start(self, method: str) -> None:
         # A completion cancelled before its handler ran (request and cancel read together, as
-        # editors send them while typing) never reaches the scheduler: count it there, so every
+        # editors send them while typing) never reaches the scheduler: counted here, so every
         # completion request is counted once.
-        task = self._request_futures.get(msg_id)
-        unstarted = (isinstance(task, asyncio.Task) and task.get_name() == _COMPLETION_TASK
-                     and inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED)
-        super()._handle_cancel_notification(msg_id)  # pops the task and cancels it
-        if unstarted and msg_id not in self._request_futures:
-            self._server.scheduler.count_cancelled_unstarted()
-
-    def _handle_request(self, msg_id: Any, method_name: str, params: Any) -> None:
-        super()._handle_request(msg_id, method_name, params)
-        if method_name in (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.TEXT_DOCUMENT_COMPLETION):
-            if isinstance(task := self._request_futures.get(msg_id), asyncio.Task):
-                task.set_name(_COMPLETION_TASK)
-
-
-_COMPLETION_TASK = "codespec-completion"
+        if method in (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.TEXT_DOCUMENT_COMPLETION):
+            self._server.stats.cancelled_before_start()
 
 
 def _client_has_inline(caps: types.ClientCapabilities) -> bool:
@@ -113,7 +100,9 @@ class CodespecServer(LanguageServer):
         self.host.notify = self._notify
         # Sessions of one TCP/WebSocket server take turns on the engine's one thread (`worker`):
         # the in-process engine (its KV caches) is not safe to use from two threads at once.
-        self.scheduler = Scheduler(self.host, lambda: self.settings, executor=worker)
+        self.stats = RequestStats()
+        self.scheduler = Scheduler(self.host, lambda: self.settings, stats=self.stats,
+                                   executor=worker)
         self._pending_messages: list[tuple[types.MessageType, str]] = []
         self._tasks: set[asyncio.Task] = set()
         self._errors_shown: set[str] = set()
@@ -142,9 +131,7 @@ class CodespecServer(LanguageServer):
         if self.host.notify is self._notify:
             self.host.notify = None
         self.scheduler.close()
-        executor = getattr(self.scheduler, "_executor", None)
-        if executor is not None:
-            await asyncio.to_thread(executor.shutdown, True)
+        await self.scheduler.drain()
 
     def show(self, kind: types.MessageType, message: str) -> None:
         (log.error if kind == types.MessageType.Error else log.warning
@@ -263,6 +250,167 @@ def _word_before(line_prefix: str) -> str:
     return line_prefix[i:]
 
 
+# ------------------------------------------------------------------ handlers
+# Thin and module-level (as pygls's examples and jedi-language-server): each translates LSP to
+# a call on a plain object (settings layers, the scheduler, the stats) and the answer back.
+
+
+def initialize(ls: CodespecServer, params: types.InitializeParams) -> None:
+    errors, unknown = ls.layers.set_init(params.initialization_options)
+    ls.settings = ls.layers.effective()
+    _apply_log_level(ls.settings)
+    ls._pending_messages += [
+        (types.MessageType.Error, f"codespec: ignoring invalid initializationOptions "
+                                  f"setting: {e}") for e in errors]
+    if unknown:
+        log.info("ignoring unknown initializationOptions: %s", ", ".join(unknown))
+
+
+async def initialized(ls: CodespecServer, params: types.InitializedParams) -> None:
+    for kind, msg in ls._pending_messages:
+        ls.show(kind, msg)
+    ls._pending_messages = []
+    if ls.host.state == "ready" and not ls.host.needs_load(ls.settings):
+        ls.notify_ready()  # a later TCP/WebSocket session on models already loaded
+    ls.spawn(ls.load_models())
+
+
+def did_change_configuration(ls: CodespecServer,
+                             params: types.DidChangeConfigurationParams) -> None:
+    # Not a coroutine: pygls would run it as a task, and a request read in the same chunk
+    # (a completion right after the change) could be answered under the old settings first.
+    caps = ls.client_capabilities
+    if params.settings is None and caps and caps.workspace and caps.workspace.configuration:
+        # Pull model: the notification only says "something changed"; asking takes a round trip.
+        ls.spawn(pull_configuration(ls))
+        return
+    errors, unknown = ls.layers.set_workspace(params.settings)
+    ls.apply_settings(errors, unknown, "workspace")
+
+
+async def pull_configuration(ls: CodespecServer) -> None:
+    try:
+        settings = (await ls.workspace_configuration_async(types.ConfigurationParams(
+            items=[types.ConfigurationItem(section=config.SECTION)])))[0]
+    except Exception as exc:
+        log.warning("workspace/configuration failed: %s", exc)
+        return
+    errors, unknown = ls.layers.set_workspace(settings)
+    ls.apply_settings(errors, unknown, "workspace")
+
+
+def did_close(ls: CodespecServer, params: types.DidCloseTextDocumentParams) -> None:
+    ls.scheduler.forget(params.text_document.uri)
+
+
+async def inline_completion(ls: CodespecServer, params: types.InlineCompletionParams
+                            ) -> types.InlineCompletionList:
+    req = ls.request_for(params.text_document.uri, params.position)
+    out = await ls.scheduler.complete(req) if req is not None else None
+    if out is None or not out.text:
+        return types.InlineCompletionList(items=[])
+    return types.InlineCompletionList(items=[types.InlineCompletionItem(
+        insert_text=out.text, range=types.Range(start=params.position,
+                                                end=_past(params.position, out.replace)),
+        command=_accepted(out.id))])
+
+
+async def completion(ls: CodespecServer, params: types.CompletionParams
+                     ) -> types.CompletionList:
+    req = ls.request_for(params.text_document.uri, params.position)
+    out = await ls.scheduler.complete(req) if req is not None else None
+    items = [] if out is None or not out.text else [_completion_item(ls, params, req, out)]
+    # Incomplete: the client asks again as the user types, which typing-through answers.
+    return types.CompletionList(is_incomplete=True, items=items)
+
+
+def did_accept(ls: CodespecServer, *args: Any) -> None:
+    cid = args[0] if args and isinstance(args[0], str) else \
+        _completion_id(args[0]) if args else None
+    if cid is None:
+        raise JsonRpcInvalidParams(
+            f"{ACCEPT_COMMAND} takes the completion's id (a string), got {args!r:.80}")
+    ls.stats.feedback("accepted", cid)
+
+
+def document_text(ls: CodespecServer, params: Any) -> dict:
+    uri = _get(_get(params, "textDocument"), "uri")
+    if not isinstance(uri, str):
+        raise JsonRpcInvalidParams(f"{DOCUMENT_TEXT} takes {{textDocument: {{uri}}}}")
+    doc = ls.document(uri)
+    return {"uri": uri, "version": doc.version, "text": doc.source}
+
+
+def did_show(ls: CodespecServer, params: Any) -> None:
+    ls.stats.feedback("shown", _completion_id(params))
+
+
+def did_partially_accept(ls: CodespecServer, params: Any) -> None:
+    ls.stats.feedback("partial", _completion_id(params))
+
+
+def stats(ls: CodespecServer, params: Any) -> dict:
+    return ls.stats.report(ls.host)
+
+
+def counters(ls: CodespecServer, params: Any) -> dict:
+    return ls.stats.counters(ls.host)
+
+
+def shutdown(ls: CodespecServer, params: Any) -> None:
+    ls.scheduler.close()
+
+
+_FEATURES: list[tuple[str, Any, Callable[..., Any]]] = [
+    (types.INITIALIZE, None, initialize),
+    (types.INITIALIZED, None, initialized),
+    (types.WORKSPACE_DID_CHANGE_CONFIGURATION, None, did_change_configuration),
+    (types.TEXT_DOCUMENT_DID_CLOSE, None, did_close),
+    (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions(), inline_completion),
+    (types.TEXT_DOCUMENT_COMPLETION,
+     types.CompletionOptions(trigger_characters=COMPLETION_TRIGGERS), completion),
+    (DOCUMENT_TEXT, None, document_text),
+    (DID_SHOW, None, did_show),
+    (DID_PARTIALLY_ACCEPT, None, did_partially_accept),
+    (STATS, None, stats),
+    (COUNTERS, None, counters),
+    (types.SHUTDOWN, None, shutdown),
+]
+
+
+def _past(position: types.Position, chars: int) -> types.Position:
+    """`chars` closers right of the position: ASCII, one unit each in every encoding."""
+    return types.Position(line=position.line, character=position.character + chars)
+
+
+def _accepted(completion_id: str | None) -> types.Command:
+    return types.Command(title="codespec: accepted", command=ACCEPT_COMMAND,
+                         arguments=[completion_id])
+
+
+def _completion_item(ls: CodespecServer, params: types.CompletionParams,
+                     req: CompletionRequest, out: Outcome) -> types.CompletionItem:
+    # Clients filter items by the word before the cursor: the item replaces that word,
+    # so its label and filter text must start with it.
+    line_start = req.source.rfind("\n", 0, req.offset) + 1
+    word = _word_before(req.source[line_start:req.offset])
+    doc = ls.workspace.get_text_document(req.key)
+    start = types.Position(line=params.position.line, character=params.position.character
+                           - doc.position_codec.client_num_units(word))
+    text = word + out.text
+    first_line = text.split("\n", 1)[0] or out.text.strip().split("\n")[0]
+    return types.CompletionItem(
+        label=first_line[:80], kind=types.CompletionItemKind.Snippet,
+        detail="codespec", filter_text=text, sort_text="0", preselect=True,
+        insert_text_format=types.InsertTextFormat.PlainText,
+        text_edit=types.TextEdit(range=types.Range(start=start,
+                                                   end=_past(params.position, out.replace)),
+                                 new_text=text),
+        documentation=types.MarkupContent(kind=types.MarkupKind.Markdown,
+                                          value=f"```python\n{text}\n```"),
+        command=_accepted(out.id))
+
+
 def build_server(args: Any = None, loader=default_loader, host: EngineHost | None = None,
                  worker: concurrent.futures.Executor | None = None) -> CodespecServer:
     server = CodespecServer(loader, host, worker)
@@ -271,142 +419,14 @@ def build_server(args: Any = None, loader=default_loader, host: EngineHost | Non
     server.settings = server.layers.effective()
     _apply_log_level(server.settings)
     # Shown once the client can see messages (at `initialized`), not only logged.
-    cli_messages = [(types.MessageType.Error,
-                     f"codespec: invalid command-line setting, using the default: {err}")
-                    for err in cli_errors]
-    for _, msg in cli_messages:
+    server._pending_messages = [
+        (types.MessageType.Error, f"codespec: invalid command-line setting, using the default: "
+                                  f"{err}") for err in cli_errors]
+    for _, msg in server._pending_messages:
         log.error("%s", msg)
-
-    @server.feature(types.INITIALIZE)
-    def initialize(ls: CodespecServer, params: types.InitializeParams) -> None:
-        errors, unknown = ls.layers.set_init(params.initialization_options)
-        ls.settings = ls.layers.effective()
-        _apply_log_level(ls.settings)
-        ls._pending_messages = cli_messages + [
-            (types.MessageType.Error, f"codespec: ignoring invalid initializationOptions "
-                                      f"setting: {e}") for e in errors]
-        if unknown:
-            log.info("ignoring unknown initializationOptions: %s", ", ".join(unknown))
-
-    @server.feature(types.INITIALIZED)
-    async def initialized(ls: CodespecServer, params: types.InitializedParams) -> None:
-        for kind, msg in ls._pending_messages:
-            ls.show(kind, msg)
-        ls._pending_messages = []
-        if ls.host.state == "ready" and not ls.host.needs_load(ls.settings):
-            ls.notify_ready()  # a later TCP/WebSocket session on models already loaded
-        ls.spawn(ls.load_models())
-
-    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    def did_change_configuration(ls: CodespecServer, params: types.DidChangeConfigurationParams) -> None:
-        # Not a coroutine: pygls would run it as a task, and a request read in the same chunk
-        # (a completion right after the change) could be answered under the old settings first.
-        caps = ls.client_capabilities
-        if params.settings is None and caps and caps.workspace and caps.workspace.configuration:
-            # Pull model: the notification only says "something changed"; asking takes a round trip.
-            ls.spawn(pull_configuration(ls))
-            return
-        errors, unknown = ls.layers.set_workspace(params.settings)
-        ls.apply_settings(errors, unknown, "workspace")
-
-    async def pull_configuration(ls: CodespecServer) -> None:
-        try:
-            settings = (await ls.workspace_configuration_async(types.ConfigurationParams(
-                items=[types.ConfigurationItem(section=config.SECTION)])))[0]
-        except Exception as exc:
-            log.warning("workspace/configuration failed: %s", exc)
-            return
-        errors, unknown = ls.layers.set_workspace(settings)
-        ls.apply_settings(errors, unknown, "workspace")
-
-    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
-    def did_close(ls: CodespecServer, params: types.DidCloseTextDocumentParams) -> None:
-        ls.scheduler.forget(params.text_document.uri)
-
-    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
-    async def inline_completion(ls: CodespecServer, params: types.InlineCompletionParams
-                                ) -> types.InlineCompletionList:
-        req = ls.request_for(params.text_document.uri, params.position)
-        if req is None:
-            return types.InlineCompletionList(items=[])
-        out = await ls.scheduler.complete(req)
-        if not out.text:
-            return types.InlineCompletionList(items=[])
-        here = types.Range(start=params.position, end=params.position)
-        return types.InlineCompletionList(items=[types.InlineCompletionItem(
-            insert_text=out.text, range=here,
-            command=types.Command(title="codespec: accepted", command=ACCEPT_COMMAND,
-                                  arguments=[out.id]))])
-
-    @server.feature(types.TEXT_DOCUMENT_COMPLETION,
-                    types.CompletionOptions(trigger_characters=COMPLETION_TRIGGERS))
-    async def completion(ls: CodespecServer, params: types.CompletionParams
-                         ) -> types.CompletionList:
-        empty = types.CompletionList(is_incomplete=True, items=[])
-        req = ls.request_for(params.text_document.uri, params.position)
-        if req is None:
-            return empty
-        out = await ls.scheduler.complete(req)
-        if not out.text:
-            return empty
-        # Clients filter items by the word before the cursor: the item replaces that word,
-        # so its label and filter text must start with it.
-        line_start = req.source.rfind("\n", 0, req.offset) + 1
-        word = _word_before(req.source[line_start:req.offset])
-        doc = ls.workspace.get_text_document(req.key)
-        start = types.Position(line=params.position.line, character=params.position.character
-                               - doc.position_codec.client_num_units(word))
-        first_line = (word + out.text).split("\n", 1)[0] or out.text.strip().split("\n")[0]
-        item = types.CompletionItem(
-            label=first_line[:80], kind=types.CompletionItemKind.Snippet,
-            detail="codespec", filter_text=word + out.text, sort_text="0", preselect=True,
-            insert_text_format=types.InsertTextFormat.PlainText,
-            text_edit=types.TextEdit(range=types.Range(start=start, end=params.position),
-                                     new_text=word + out.text),
-            documentation=types.MarkupContent(kind=types.MarkupKind.Markdown,
-                                              value=f"```python\n{word + out.text}\n```"),
-            command=types.Command(title="codespec: accepted", command=ACCEPT_COMMAND,
-                                  arguments=[out.id]))
-        # Incomplete: the client asks again as the user types, which typing-through answers.
-        return types.CompletionList(is_incomplete=True, items=[item])
-
-    @server.command(ACCEPT_COMMAND)
-    def did_accept(ls: CodespecServer, *args: Any) -> None:
-        cid = args[0] if args and isinstance(args[0], str) else \
-            _completion_id(args[0]) if args else None
-        if cid is None:
-            raise JsonRpcInvalidParams(
-                f"{ACCEPT_COMMAND} takes the completion's id (a string), got {args!r:.80}")
-        ls.scheduler.record_feedback("accepted", cid)
-
-    @server.feature(DOCUMENT_TEXT)
-    def document_text(ls: CodespecServer, params: Any) -> dict:
-        uri = _get(_get(params, "textDocument"), "uri")
-        if not isinstance(uri, str):
-            raise JsonRpcInvalidParams(f"{DOCUMENT_TEXT} takes {{textDocument: {{uri}}}}")
-        doc = ls.document(uri)
-        return {"uri": uri, "version": doc.version, "text": doc.source}
-
-    @server.feature(DID_SHOW)
-    def did_show(ls: CodespecServer, params: Any) -> None:
-        ls.scheduler.record_feedback("shown", _completion_id(params))
-
-    @server.feature(DID_PARTIALLY_ACCEPT)
-    def did_partially_accept(ls: CodespecServer, params: Any) -> None:
-        ls.scheduler.record_feedback("partial", _completion_id(params))
-
-    @server.feature(STATS)
-    def stats(ls: CodespecServer, params: Any) -> dict:
-        return ls.scheduler.stats_dict()
-
-    @server.feature(COUNTERS)
-    def counters(ls: CodespecServer, params: Any) -> dict:
-        return ls.scheduler.counters()
-
-    @server.feature(types.SHUTDOWN)
-    def shutdown(ls: CodespecServer, params: Any) -> None:
-        ls.scheduler.close()
-
+    for method, options, handler in _FEATURES:
+        server.feature(method, options)(handler)
+    server.command(ACCEPT_COMMAND)(did_accept)
     return server
 
 

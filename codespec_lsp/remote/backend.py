@@ -66,11 +66,25 @@ class LoopThread:
     def run(self, coro, timeout: float | None = None) -> Any:
         return self.submit(coro).result(timeout)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
+        """Cancel what still runs (streams, a /metrics scrape), let it clean up, then close the
+        loop: a task left pending on a stopped loop is "destroyed but pending" when collected."""
         async def finish() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=timeout)
             await self.loop.shutdown_asyncgens()
             self.loop.stop()
+        if self.loop.is_closed():
+            return
         asyncio.run_coroutine_threadsafe(finish(), self.loop)
+        if threading.current_thread() is self._thread:
+            return  # called on the loop itself: it stops when this callback returns
+        self._thread.join(timeout + 1)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 class Health:
