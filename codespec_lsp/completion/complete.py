@@ -15,7 +15,7 @@ from pathlib import Path
 from codespec_lsp.completion.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine.copy_prior import COPY_WEIGHT
-from codespec_lsp.completion.heal import typed_word
+from codespec_lsp.completion.heal import ends_in_indent, typed_word
 from codespec_lsp.completion.postprocess import block_end, decide_mode, finalize
 
 
@@ -103,13 +103,19 @@ def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
     cut = len(ids) - 1
     heal = _backed_up(tokenizer, ids, cut)
     vocab = backend.heal_vocab
-    while cut > 1 and len(ids) - cut < HEAL_MAX_TOKENS and ids[cut - 1] not in special:
+    while heal and cut > 1 and len(ids) - cut < HEAL_MAX_TOKENS and ids[cut - 1] not in special:
         piece = _backed_up(tokenizer, ids[:cut], cut - 1)
-        if not ((_WORD_CHAR.match(heal) and _WORD_PIECE.fullmatch(piece))
-                or ("\n" not in piece and vocab.spanned(piece + heal))):
-            break
+        if not piece or not ((_WORD_CHAR.match(heal) and _WORD_PIECE.fullmatch(piece))
+                             or ("\n" not in piece and vocab.spanned(piece + heal))):
+            break  # "": a byte piece of a character, which no allowed token can re-type
         cut, heal = cut - 1, piece + heal
-    heal = _backed_up(tokenizer, ids, cut)  # decoded as a whole: what the prompt really loses
+    # Decoded as a whole (what the prompt really loses), and only as much as the vocabulary can
+    # re-type: a character it spells in byte pieces alone (`é`, `日`, `😀` in a small vocabulary)
+    # is left in the prompt, or the constrained generation would have no token to take.
+    heal = _backed_up(tokenizer, ids, cut)
+    while heal and prompt.endswith(heal) and not vocab.retypeable(heal, ends_in_indent(heal)):
+        cut += 1
+        heal = _backed_up(tokenizer, ids, cut) if cut < len(ids) else ""
     if not heal or not prompt.endswith(heal):
         return ids, ""  # the tokens' text does not read back exactly: backing up would change the prompt
     return ids[:cut], heal

@@ -41,7 +41,8 @@ class CancelToken:
 class GenerationResult:
     text: str = ""            # decoded new text (complete.py fills it after detokenizing)
     tokens: list[int] = field(default_factory=list)  # new token ids
-    stop_reason: str = "max_tokens"  # "max_tokens" | "eos" | "stop" | "cancelled" | "error"
+    # "max_tokens" | "eos" | "stop" | "cancelled" | "error" | "heal" (no token can re-type `heal`)
+    stop_reason: str = "max_tokens"
     cancelled: bool = False
     target_forwards: int = 0  # decode/verify forwards; prefill chunks are counted in prefill_tokens
     draft_forwards: int = 0

@@ -252,6 +252,9 @@ class Engine:
                 new_count = len(seq) - prompt_len
                 if new_count >= max_new_tokens:
                     break
+                if healing is not None and healing.stuck:
+                    result.stop_reason = "heal"
+                    break
                 plan = self._plan(sources, room=max_new_tokens - new_count - 1)
                 try:
                     out = step(target, seq, plan, sampling, self.vocab_size, cancel, healing, copying)
