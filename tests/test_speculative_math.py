@@ -127,3 +127,31 @@ def test_sampling_under_token_healing_follows_the_targets_constrained_distributi
     got = counts / trials
     assert counts[[0, 3, 5]].sum() == 0                     # nothing the constraint forbids
     assert 0.5 * float((got - want).abs().sum()) < 0.015, (got, want)
+
+
+def test_rejection_draws_use_the_generators_device(monkeypatch):
+    """Issue 28, bug 3: the engine makes the generator on the target's device, and the draws were
+    asked for on the CPU, which a CUDA generator refuses. Checked without a GPU: a stand-in
+    generator on "cuda" and a torch.rand that records where it was asked to draw."""
+    import types
+
+    from codespec_lsp.engine import speculative
+    asked = []
+    real_rand = torch.rand
+
+    def rand(*size, generator=None, device=None):
+        asked.append((torch.device(device), generator))
+        return real_rand(*size)
+
+    monkeypatch.setattr(speculative.torch, "rand", rand)
+    cuda_generator = types.SimpleNamespace(device=torch.device("cuda"))
+    u = speculative.uniform(3, cuda_generator, torch.device("cpu"))
+    assert asked == [(torch.device("cuda"), cuda_generator)] and u.device == torch.device("cpu")
+    asked.clear()
+    speculative.uniform(2, None, torch.device("cpu"))
+    assert asked == [(torch.device("cpu"), None)]
+    asked.clear()
+    p = torch.softmax(torch.randn(3, 5), -1)
+    monkeypatch.setattr(speculative, "sample", lambda probs, generator=None: 0)
+    speculative.verify_sampled(p, None, [1, 2], generator=cuda_generator)
+    assert asked and asked[0][0] == torch.device("cuda")

@@ -39,6 +39,13 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def uniform(k: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """k draws in [0, 1) on `device`. A generator draws only on its own device (the engine makes
+    it on the target's: a CUDA one given device="cpu" raises), so the draw is made there."""
+    where = generator.device if generator is not None else device
+    return torch.rand(k, generator=generator, device=where).to(device)
+
+
 def verify_greedy(target_logits: torch.Tensor, proposal: list[int]) -> tuple[int, int]:
     """Returns (accepted count n, the target's next token after proposal[:n])."""
     k = len(proposal)
@@ -57,7 +64,7 @@ def verify_sampled(p: torch.Tensor, q: torch.Tensor | None, proposal: list[int],
         q = torch.nn.functional.one_hot(x, p.size(-1)).to(p.dtype)
     rows = torch.arange(k, device=p.device)
     accept_prob = (p[rows, x] / q[rows, x]).clamp(max=1.0)                      # min(1, p(x)/q(x))
-    u = torch.rand(k, generator=generator, device="cpu").to(p.device)
+    u = uniform(k, generator, p.device)
     rejected = (u >= accept_prob).nonzero()
     if len(rejected) == 0:
         return k, sample(p[k], generator)                                       # all kept: bonus token
