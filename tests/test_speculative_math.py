@@ -155,3 +155,17 @@ def test_rejection_draws_use_the_generators_device(monkeypatch):
     monkeypatch.setattr(speculative, "sample", lambda probs, generator=None: 0)
     speculative.verify_sampled(p, None, [1, 2], generator=cuda_generator)
     assert asked and asked[0][0] == torch.device("cuda")
+
+
+def test_a_step_with_nothing_proposed_is_no_drafting_step():
+    """Issue 26, bug 3: a step whose n-gram lookup found nothing ran the target alone (one token
+    per forward, a little slower for the lookup); counted as a drafting step, eight of them made
+    the free drafter look slower than the target and set its K to 0."""
+    ctl = KController(prior_alpha=0.5, prior_cost=0.01)
+    costs = [1.0 + 0.05 * k for k in range(9)]
+    for _ in range(8):
+        ctl.record(0, 0, 0.0001, tokens=1, step_s=0.011)
+    assert ctl.choose(0.010, costs) > 0 and not ctl.steps and ctl.alpha == 0.5
+    for _ in range(8):  # real drafting steps that lose to the target still switch it off
+        ctl.record(2, 0, 0.0001, tokens=1, step_s=0.012)
+    assert ctl.choose(0.010, costs) == 0
