@@ -369,3 +369,22 @@ def test_real_byte_level_vocabulary_heals_only_what_it_can_retype():
         assert vocab.retypeable(heal) if heal else ids == engine.encode(prompt)
         result = run(engine.generate(ids, max_new_tokens=3, heal=heal, temperature=0.8, seed=0), tok, ids)
         assert result.tokens and result.text.startswith(heal), (prompt, heal, result.text)
+
+
+def test_word_bias_zero_turns_the_lean_off_in_the_engine(parts):
+    """The engine's Heal gets `word_bias`: 0 writes what no names would, the default leans."""
+    from codespec_lsp.config import SettingsLayers
+    tok, target, draft = parts
+    engine = make_engine(target, draft, tok)
+    ids, heal = prompt_ids(engine, "def go(post_order_fixers):\n    post_order_f")
+    words = {"post_order_fixers"}
+    plain = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal), tok, ids)
+    off = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, words=words, word_bias=0.0), tok, ids)
+    on = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, words=words), tok, ids)
+    assert off.tokens == plain.tokens and on.tokens != plain.tokens
+    assert on.tokens == healed_reference(target, engine, ids, heal, N_NEW, words, WORD_BIAS)
+    layers = SettingsLayers()
+    errors, _ = layers.set_init({"wordBias": 0})
+    assert not errors and layers.effective().word_bias == 0.0
+    errors, _ = layers.set_workspace({"codespec": {"wordBias": -1}})
+    assert errors and "wordBias" in errors[0] and layers.effective().word_bias == 0.0

@@ -15,7 +15,7 @@ from pathlib import Path
 from codespec_lsp.completion.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine.copy_prior import COPY_WEIGHT
-from codespec_lsp.completion.heal import ends_in_indent, typed_word
+from codespec_lsp.completion.heal import WORD_BIAS, ends_in_indent, typed_word
 from codespec_lsp.completion.postprocess import block_end, decide_mode, finalize
 
 
@@ -182,10 +182,11 @@ def run(gen, tokenizer=None, prompt: Sequence[int] = (), stop: Sequence[str] = (
 def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset: int, *,
                 max_tokens: int, cancel: CancelToken | None = None, speculative: bool = True,
                 others: Sequence[tuple[str, str]] = (), min_confidence: float | None = None,
-                copy_weight: float | None = None, **generate_options
+                copy_weight: float | None = None, word_bias: float | None = None, **generate_options
                 ) -> tuple[GenerationResult, str | None]:
     """(the backend's result with its counts, the text to show or None when there is nothing).
-    `copy_weight`: the copy prior's share in the scores (engine/copy_prior.py); None: COPY_WEIGHT."""
+    `copy_weight`: the copy prior's share in the scores (engine/copy_prior.py); None: COPY_WEIGHT.
+    `word_bias`: token healing's lean to the document's names (heal.Heal); None: WORD_BIAS."""
     prompt = builder.build(key, source, offset, others)
     line_prefix, line_suffix, prev_line = split_line(source, offset)
     mode = decide_mode(line_prefix, line_suffix, prev_line)
@@ -195,6 +196,7 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
                            key=key, lookup_ids=lookup, heal=heal,
                            words=document_words(source, offset, heal),
                            copy_weight=COPY_WEIGHT if copy_weight is None else copy_weight,
+                           word_bias=WORD_BIAS if word_bias is None else word_bias,
                            **generate_options)
     result = run(gen, backend.tokenizer, ids, stop_fn=_after_heal(heal, lambda text: block_end(text, mode)))
     if heal:  # the text as seen from the cursor: what was backed up over is already typed

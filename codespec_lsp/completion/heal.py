@@ -41,7 +41,8 @@ _TYPED_WORD = re.compile(r"\w+$")
 # training nor benchmarks/heldout read: prefix chars 1.84 without it, 1.96 / 1.99 / 2.17 at
 # 3 / 6 / 10, and 2.22 / 2.40 at 6 / 10 once indentation was healed by its longest piece too
 # (benchmarks/results/word_bias_tuning_cpu_tiny.json). At 10 a new name still comes
-# when the model is e^10 times surer of it than of any of the document's. 0 turns it off.
+# when the model is e^10 times surer of it than of any of the document's. 0 turns it off (the
+# `wordBias` setting).
 WORD_BIAS = 10.0
 MASKS_KEPT = 64  # (rest, indent, device) masks kept; a [V] bool mask each (32 KB at 32,000 ids)
 

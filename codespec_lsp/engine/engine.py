@@ -25,7 +25,7 @@ from codespec_lsp.engine.api import (CancelToken, Generation, GenerationError, G
                                      fim_tokens_of)
 from codespec_lsp.engine.copy_prior import CopyPrior
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
-from codespec_lsp.completion.heal import Heal, HealVocab, token_texts
+from codespec_lsp.completion.heal import WORD_BIAS, Heal, HealVocab, token_texts
 from codespec_lsp.engine.kvcache import PrefixCache
 from codespec_lsp.engine.speculative import K_MAX, step
 PREFILL_RESERVE = 64 + K_MAX + 1  # room kept after the prompt: prefill and generate cut alike
@@ -205,20 +205,21 @@ class Engine:
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None, lookup_ids: Sequence[int] = (),
                  heal: str = "", words: Iterable[str] = (), drafter: str | None = None,
-                 copy_weight: float = 0.0) -> Generation:
+                 copy_weight: float = 0.0, word_bias: float = WORD_BIAS) -> Generation:
         """A Generation: iterate it for new token ids, `close()` it to stop; `.result` has counts.
         `heal`: the generated text must start with it (token healing; see heal.py). `words`: the
         document's identifiers, which a word `heal` ends inside leans to (heal.Heal).
         `copy_weight`: how much of the copy prior (copy_prior.py) is mixed into the target's
-        distribution; 0, the default, leaves the target's own."""
+        distribution; 0, the default, leaves the target's own. `word_bias`: the lean's strength
+        (0: none)."""
         result = GenerationResult()
         steps = self._steps(list(ids), result, max_new_tokens, temperature, top_p, seed, cancel,
                             speculative, key, list(lookup_ids), heal, list(words), drafter,
-                            copy_weight)
+                            copy_weight, word_bias)
         return Generation(steps, result)
 
     def _steps(self, ids, result: GenerationResult, max_new_tokens, temperature, top_p, seed,
-               cancel, speculative, key, lookup, heal, words, drafter, copy_weight):
+               cancel, speculative, key, lookup, heal, words, drafter, copy_weight, word_bias=WORD_BIAS):
         started = time.perf_counter()
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
         seq = self.fit(ids, reserve=max(PREFILL_RESERVE, max_new_tokens + K_MAX + 1))
@@ -228,7 +229,7 @@ class Engine:
             device = next(self.target_model.parameters()).device
             generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
             sampling = Sampling(temperature, top_p, generator)
-        healing = Heal(self.heal_vocab, heal, words) if heal else None
+        healing = Heal(self.heal_vocab, heal, words, word_bias) if heal else None
         copying = CopyPrior(copy_weight, line_breaks=self.line_breaks, prompt_len=len(seq),
                             typed_breaks=heal.count("\n")) if copy_weight > 0 else None
         sources = self.sources(speculative, drafter)

@@ -511,11 +511,12 @@ class RemoteBackend:
                  top_p: float = 1.0, seed: int | None = None, cancel: CancelToken | None = None,
                  speculative: bool = True, key: str | None = None,
                  lookup_ids: Sequence[int] = (), heal: str = "", words: Iterable[str] = (),
-                 copy_weight: float = 0.0) -> RemoteGeneration:
+                 copy_weight: float = 0.0, word_bias: float = 0.0) -> RemoteGeneration:
         """`heal`: the answer must start with it (token healing; see _heal). `speculative` and
         `lookup_ids` are the server's business and ignored here, and so is `words` (the lean to
         the document's identifiers, heal.Heal): the server picks every token after the healing
-        ones, and vLLM's `logit_bias` cannot follow a word across tokens. `copy_weight` too: the
+        ones, and vLLM's `logit_bias` cannot follow a word across tokens (nor `word_bias`, its
+        strength). `copy_weight` too: the
         copy prior (engine/copy_prior.py) reweighs every step's distribution, which the
         OpenAI-compatible API does not let a client do."""
         ids = self._fit(list(ids), max_new_tokens)
