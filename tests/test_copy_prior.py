@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from codespec_lsp.completion.complete import prompt_ids, run
+from codespec_lsp.completion.complete import document_words, prompt_ids, run
+from codespec_lsp.completion.heal import WORD_BIAS, Heal
 from codespec_lsp.config import SettingsLayers
 from codespec_lsp.engine.copy_prior import ORDERS, CopyPrior
 from engine_helpers import (DRAFT_KINDS, engine_of_kind, make_engine, sampled_pairs_chi_square, tiny_parts,
@@ -159,21 +160,52 @@ def test_speculative_output_is_the_greedy_output_under_the_prior(parts, kind):
     assert changed
 
 
+def server_path_reference(target, engine, ids: list[int], heal: str, words, n: int,
+                          weight: float) -> list[int]:
+    """Greedy decoding under the server's scores, one full forward and one row per token: the
+    healing mask, the lean to `words` (Heal's single-row masks), then the copy prior by brute
+    force over the tokens the mask leaves, on the first line of new text only."""
+    healing, out = Heal(engine.heal_vocab, heal, words), []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = target(torch.tensor([ids + out])).logits[0, -1, :engine.vocab_size].float()
+            if healing.rest:
+                logits[~healing.allowed(healing.rest)] = float("-inf")
+            if healing.word is not None:
+                logits -= WORD_BIAS * healing.unlikely(healing.rest, healing.word).float()
+            copy = copy_probs(ids + out, engine.vocab_size) * torch.isfinite(logits)
+            breaks = sum(engine.heal_vocab.texts[t].count("\n") for t in out)
+            probs = torch.softmax(logits, -1)
+            if copy.sum() > 0 and breaks <= heal.count("\n"):
+                probs = (1 - weight) * probs + weight * copy / copy.sum()
+            token = int(probs.argmax())
+            if token in engine.stop_ids:
+                break
+            out.append(token)
+            healing.accept([token])
+    return out
+
+
 @pytest.mark.slow
-def test_with_token_healing_speculative_equals_target_only(parts):
-    """Both adjustments at once (the mask first, then the mix): drafting changes nothing, and the
-    text still re-types what healing backed up."""
-    tok, target, draft = parts
-    engine = make_engine(target, draft, tok, drafter="model")
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
+def test_on_the_servers_path_speculative_equals_the_by_hand_reference(parts, kind):
+    """Healing, the name lean and the copy prior together, as complete_at asks for them: every
+    drafter's tokens are the by-hand greedy decoding of those scores (issue 28: the old test
+    compared two runs through the same `step`, so a wrong mask or mix passed on both sides)."""
+    tok, target, _ = parts
+    engine = engine_of_kind(kind, parts)
     engine.fixed_k = 4
+    leaned = False
     for prompt in PROMPTS:
         ids, heal = prompt_ids(engine, prompt)
-        assert heal
-        alone = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, copy_weight=WEIGHT,
-                                    speculative=False), tok, ids)
-        drafted = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, copy_weight=WEIGHT), tok, ids)
-        assert drafted.tokens == alone.tokens, prompt
-        assert drafted.text.startswith(heal), (prompt, drafted.text)
+        words = document_words(prompt, len(prompt), heal)
+        leaned |= bool(words)
+        result = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal, words=words,
+                                     copy_weight=WEIGHT, speculative=kind != "target"), tok, ids)
+        assert result.tokens == server_path_reference(target, engine, ids, heal, words, N_NEW,
+                                                      WEIGHT), (kind, prompt)
+        assert result.text.startswith(heal), (prompt, result.text)
+    assert leaned
 
 
 def test_sampling_follows_the_mixed_distribution():
