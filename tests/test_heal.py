@@ -166,7 +166,7 @@ def test_healed_speculative_equals_healed_target_greedy(parts, kind):
         result = run(engine.generate(ids, max_new_tokens=N_NEW, heal=heal,
                                      speculative=kind != "target"), tok, ids)
         assert result.tokens == healed_reference(target, engine, ids, heal, N_NEW), (kind, prompt)
-        assert result.text.startswith(heal) or heal.startswith(result.text)
+        assert result.text.startswith(heal), (prompt, result.text)  # "" fails too
 
 
 @pytest.mark.parametrize("kind", DRAFT_KINDS)
@@ -258,7 +258,7 @@ def test_sampled_text_always_re_types_heal(parts):
         for seed in range(8):
             result = run(engine.generate(ids, max_new_tokens=6, heal=heal, temperature=1.0, seed=seed),
                          tok, ids)
-            assert result.text.startswith(heal) or heal.startswith(result.text), (prompt, seed, result.text)
+            assert result.text.startswith(heal), (prompt, seed, result.text)
             if heal.rsplit("\n", 1)[-1].strip() == "" and result.text.startswith(heal):
                 # indent as typed: the token that covers the typed indentation does not lengthen
                 # it (a token after it may start with a space when sampled; the postprocess gate
