@@ -230,3 +230,41 @@ def test_sampling_follows_the_mixed_distribution():
         plain = torch.softmax(target(torch.tensor([ids])).logits[0, -1], -1)
     # the prior moves the first token's distribution far: a sampler ignoring it would fail above
     assert 0.5 * float((plain - first).abs().sum()) > 0.2
+
+
+@pytest.mark.slow
+def test_sampling_at_a_temperature_and_top_p_tempers_the_mixed_distribution():
+    """At T != 1 and top-p < 1 the sampled distribution is the MIXED one tempered and then cut:
+    p ∝ mix^(1/T), then the smallest set of tokens reaching top_p, renormalised (copy_prior.py
+    says so); checked against that, exactly, on the toy pair."""
+    from codespec_lsp.engine.speculative import adjust_probs
+    tok, target, draft = toy_pair(vocab=6)
+    engine = make_engine(target, draft, tok, drafter="model", prefix_cache=False)
+    engine.fixed_k = 1
+    prompt = "w1 w2 w3 w1 w2 w4 w1 w2"
+    ids = engine.encode_prompt(prompt, reserve=16)
+    temperature, top_p = 0.7, 0.9
+
+    def sampled(tokens: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            probs = torch.softmax(target(torch.tensor([tokens])).logits[0, -1], -1)
+        copy = copy_probs(tokens, 6)
+        mixed = (1 - WEIGHT) * probs + WEIGHT * copy if copy.sum() > 0 else probs
+        tempered = mixed ** (1 / temperature)
+        tempered /= tempered.sum()
+        order = tempered.argsort(descending=True)
+        before = tempered[order].cumsum(0) - tempered[order]
+        kept = torch.zeros(6, dtype=torch.bool)
+        kept[order[before <= top_p]] = True
+        cut = tempered * kept
+        return cut / cut.sum()
+    first = sampled(ids)
+    exact = {(a, b): float(first[a] * sampled(ids + [a])[b]) for a in range(6) for b in range(6)}
+    chi2 = sampled_pairs_chi_square(engine, prompt, exact, temperature=temperature,
+                                    copy_weight=WEIGHT, top_p=top_p)
+    assert chi2 < 80.0, chi2
+    # the by-hand form is adjust_probs over log(mix): the same numbers, another way round
+    with torch.no_grad():
+        probs = torch.softmax(target(torch.tensor([ids])).logits[0, -1], -1)
+    mix = (1 - WEIGHT) * probs + WEIGHT * copy_probs(ids, 6)
+    assert torch.allclose(adjust_probs(mix.log()[None], temperature, top_p)[0], first, atol=1e-5)

@@ -1,7 +1,10 @@
 """The generation loop: prefix-cache reuse, then speculative.step until done, cancel, counts.
 
 Contracts:
-- Greedy output is the target's own greedy output, token for token, whatever the drafter.
+- Greedy output is the target's own greedy output under the configured scoring (token healing,
+  the name lean, the copy prior: `heal`, `words`/`word_bias`, `copy_weight`), token for token,
+  whatever the drafter; speculative=False gives the same tokens. It is the bare model's output
+  only with the lean and the prior off (word_bias 0 or no words, copy_weight 0: exact mode).
 - Between any two forward passes (draft or target, prefill chunks included) the cancel token is
   checked; a cancelled call returns what it has with `cancelled=True`.
 - However a call ends (done, cancelled, error), both models' caches go back to their prefix

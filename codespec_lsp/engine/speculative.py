@@ -5,9 +5,13 @@ Shapes: V vocabulary, K drafted tokens.
   draft probs q:         [K, V]    the distribution each proposal was drawn from
                                    (None for a deterministic drafter: q is one-hot at the proposal)
 Greedy keeps the longest prefix that matches the target's argmax, then takes the target's own
-next token, so the output is exactly the target's greedy output. Sampling uses the standard
-rejection rule (Leviathan et al. 2023; Chen et al. 2023): keep x with probability min(1, p(x)/q(x)),
-else draw from norm(max(0, p - q)); the output then follows the target's distribution exactly.
+next token, so the output is exactly the target's greedy output under the configured scoring: the
+target's logits after token healing's mask, the name lean (heal.Heal) and the copy prior
+(copy_prior.py), which `step` applies to every verify row. With the lean and the prior on (the
+server's defaults) that is not the bare model's output; exact mode turns both off, and then it
+is. Sampling uses the standard rejection rule (Leviathan et al. 2023; Chen et al. 2023): keep x
+with probability min(1, p(x)/q(x)), else draw from norm(max(0, p - q)); the output then follows
+the target's distribution under the same scoring (tempered and top-p cut after the mix) exactly.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from codespec_lsp.planning.planner import K_MAX, best_k  # noqa: F401  (re-expor
 
 
 def adjust_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
-    """Sampling distribution from logits [..., V]. Draft and target go through the same transform,
-    so the output follows the target's temperature/top-p distribution."""
+    """Sampling distribution from logits [..., V]: softmax(logits / T), then the top-p cut. Draft
+    and target go through the same transform, so the output follows the target's temperature/top-p
+    distribution. The target's logits here are its scores after healing, the lean and the copy
+    prior's mix, so those are tempered with it (copy_prior.py)."""
     probs = torch.softmax(logits / max(temperature, 1e-5), dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
