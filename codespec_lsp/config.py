@@ -67,6 +67,11 @@ class Settings:
     # None: the measured default, COPY_WEIGHT. The in-process engine only.
     copy_weight: float | None = field(default=None, metadata=_rule(
         lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1"))
+    # Token healing's lean to the document's names (completion/heal.py): the logit a token loses
+    # when it makes the half-typed word none of the names the file uses (0: no lean). None: the
+    # measured default, WORD_BIAS. The in-process engine only.
+    word_bias: float | None = field(default=None, metadata=_rule(
+        lambda v: 0.0 <= v <= 100.0, "a number from 0 to 100"))
     # An OpenAI-compatible server to complete with instead of the in-process engine (remote/).
     remote: str | None = field(default=None, metadata=_rule(
         lambda v: re.match(r"https?://[^/\s]+", v), "an http:// or https:// URL"))

@@ -60,11 +60,11 @@ def pearson_chi_square(counts, exact: dict, trials: int) -> float:
 
 
 def sampled_pairs_chi_square(engine: Engine, prompt: str, exact: dict, trials: int = 3000,
-                             **options) -> float:
-    """pearson_chi_square of `trials` seeded two-token samples at temperature 1 against `exact`,
-    the probability of each pair of ids."""
-    counts = Counter(tuple(generate_text(engine, prompt, max_new_tokens=2, temperature=1.0, seed=s,
-                                         **options).tokens) for s in range(trials))
+                             temperature: float = 1.0, **options) -> float:
+    """pearson_chi_square of `trials` seeded two-token samples (temperature 1 unless told)
+    against `exact`, the probability of each pair of ids."""
+    counts = Counter(tuple(generate_text(engine, prompt, max_new_tokens=2, temperature=temperature,
+                                         seed=s, **options).tokens) for s in range(trials))
     assert sum(counts.values()) == trials and all(len(k) == 2 for k in counts)
     return pearson_chi_square(counts, exact, trials)
 

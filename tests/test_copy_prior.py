@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
-from codespec_lsp.completion.complete import prompt_ids, run
+from codespec_lsp.completion.complete import document_words, prompt_ids, run
+from codespec_lsp.completion.heal import WORD_BIAS, Heal
 from codespec_lsp.config import SettingsLayers
-from codespec_lsp.completion.heal import healing
+from codespec_lsp.completion.heal import healing, vocab_of
 from codespec_lsp.engine.copy_prior import ORDERS, CopyPrior
 from engine_helpers import (DRAFT_KINDS, engine_of_kind, make_engine, sampled_pairs_chi_square, tiny_parts,
                             toy_pair)
@@ -160,21 +161,52 @@ def test_speculative_output_is_the_greedy_output_under_the_prior(parts, kind):
     assert changed
 
 
+def server_path_reference(target, engine, ids: list[int], heal: str, words, n: int,
+                          weight: float) -> list[int]:
+    """Greedy decoding under the server's scores, one full forward and one row per token: the
+    healing mask, the lean to `words` (Heal's single-row masks), then the copy prior by brute
+    force over the tokens the mask leaves, on the first line of new text only."""
+    healing, out = Heal(vocab_of(engine), heal, words), []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = target(torch.tensor([ids + out])).logits[0, -1, :engine.vocab_size].float()
+            if healing.rest:
+                logits[~healing.allowed(healing.rest)] = float("-inf")
+            if healing.word is not None:
+                logits -= WORD_BIAS * healing.unlikely(healing.rest, healing.word).float()
+            copy = copy_probs(ids + out, engine.vocab_size) * torch.isfinite(logits)
+            breaks = sum(vocab_of(engine).texts[t].count("\n") for t in out)
+            probs = torch.softmax(logits, -1)
+            if copy.sum() > 0 and breaks <= heal.count("\n"):
+                probs = (1 - weight) * probs + weight * copy / copy.sum()
+            token = int(probs.argmax())
+            if token in engine.stop_ids:
+                break
+            out.append(token)
+            healing.accept([token])
+    return out
+
+
 @pytest.mark.slow
-def test_with_token_healing_speculative_equals_target_only(parts):
-    """Both adjustments at once (the mask first, then the mix): drafting changes nothing, and the
-    text still re-types what healing backed up."""
-    tok, target, draft = parts
-    engine = make_engine(target, draft, tok, drafter="model")
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
+def test_on_the_servers_path_speculative_equals_the_by_hand_reference(parts, kind):
+    """Healing, the name lean and the copy prior together, as complete_at asks for them: every
+    drafter's tokens are the by-hand greedy decoding of those scores (issue 28: the old test
+    compared two runs through the same `step`, so a wrong mask or mix passed on both sides)."""
+    tok, target, _ = parts
+    engine = engine_of_kind(kind, parts)
     engine.fixed_k = 4
+    leaned = False
     for prompt in PROMPTS:
         ids, heal = prompt_ids(engine, prompt)
-        assert heal
-        alone = run(engine.generate(ids, max_new_tokens=N_NEW, constraint=healing(engine, heal), copy_weight=WEIGHT,
-                                    speculative=False), tok, ids)
-        drafted = run(engine.generate(ids, max_new_tokens=N_NEW, constraint=healing(engine, heal), copy_weight=WEIGHT), tok, ids)
-        assert drafted.tokens == alone.tokens, prompt
-        assert drafted.text.startswith(heal), (prompt, drafted.text)
+        words = document_words(prompt, len(prompt), heal)
+        leaned |= bool(words)
+        result = run(engine.generate(ids, max_new_tokens=N_NEW, constraint=healing(engine, heal, words),
+                                     copy_weight=WEIGHT, speculative=kind != "target"), tok, ids)
+        assert result.tokens == server_path_reference(target, engine, ids, heal, words, N_NEW,
+                                                      WEIGHT), (kind, prompt)
+        assert result.text.startswith(heal), (prompt, result.text)
+    assert leaned
 
 
 def test_sampling_follows_the_mixed_distribution():
@@ -199,3 +231,41 @@ def test_sampling_follows_the_mixed_distribution():
         plain = torch.softmax(target(torch.tensor([ids])).logits[0, -1], -1)
     # the prior moves the first token's distribution far: a sampler ignoring it would fail above
     assert 0.5 * float((plain - first).abs().sum()) > 0.2
+
+
+@pytest.mark.slow
+def test_sampling_at_a_temperature_and_top_p_tempers_the_mixed_distribution():
+    """At T != 1 and top-p < 1 the sampled distribution is the MIXED one tempered and then cut:
+    p ∝ mix^(1/T), then the smallest set of tokens reaching top_p, renormalised (copy_prior.py
+    says so); checked against that, exactly, on the toy pair."""
+    from codespec_lsp.engine.speculative import adjust_probs
+    tok, target, draft = toy_pair(vocab=6)
+    engine = make_engine(target, draft, tok, drafter="model", prefix_cache=False)
+    engine.fixed_k = 1
+    prompt = "w1 w2 w3 w1 w2 w4 w1 w2"
+    ids = engine.encode_prompt(prompt, reserve=16)
+    temperature, top_p = 0.7, 0.9
+
+    def sampled(tokens: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            probs = torch.softmax(target(torch.tensor([tokens])).logits[0, -1], -1)
+        copy = copy_probs(tokens, 6)
+        mixed = (1 - WEIGHT) * probs + WEIGHT * copy if copy.sum() > 0 else probs
+        tempered = mixed ** (1 / temperature)
+        tempered /= tempered.sum()
+        order = tempered.argsort(descending=True)
+        before = tempered[order].cumsum(0) - tempered[order]
+        kept = torch.zeros(6, dtype=torch.bool)
+        kept[order[before <= top_p]] = True
+        cut = tempered * kept
+        return cut / cut.sum()
+    first = sampled(ids)
+    exact = {(a, b): float(first[a] * sampled(ids + [a])[b]) for a in range(6) for b in range(6)}
+    chi2 = sampled_pairs_chi_square(engine, prompt, exact, temperature=temperature,
+                                    copy_weight=WEIGHT, top_p=top_p)
+    assert chi2 < 80.0, chi2
+    # the by-hand form is adjust_probs over log(mix): the same numbers, another way round
+    with torch.no_grad():
+        probs = torch.softmax(target(torch.tensor([ids])).logits[0, -1], -1)
+    mix = (1 - WEIGHT) * probs + WEIGHT * copy_probs(ids, 6)
+    assert torch.allclose(adjust_probs(mix.log()[None], temperature, top_p)[0], first, atol=1e-5)

@@ -202,16 +202,27 @@ def test_cancel_mid_generation_keeps_caches_valid(parts, references, after):
 
 
 def test_cancel_from_another_thread_returns(parts):
+    """A cancel mid-decode, from another thread, once tokens are coming: the generation stops
+    within one target forward (the old test cancelled before the first check)."""
     tok, target, draft = parts
     engine = make_engine(target, draft, tok)
-    token = CancelToken()
-    out = {}
-    worker = threading.Thread(target=lambda: out.setdefault(
-        "r", generate_text(engine, PROMPTS["long"], max_new_tokens=400, cancel=token)))
+    token, first = CancelToken(), threading.Event()
+    ids = engine.encode(PROMPTS["long"])
+    gen = engine.generate(ids, max_new_tokens=400, cancel=token)
+
+    def decode() -> None:
+        for _ in gen:
+            first.set()
+
+    worker = threading.Thread(target=decode)
     worker.start()
+    assert first.wait(timeout=60)
     token.cancel()
+    forwards_at_cancel = gen.result.target_forwards
     worker.join(timeout=60)
-    assert not worker.is_alive() and out["r"].cancelled and len(out["r"].tokens) < 400
+    assert not worker.is_alive() and gen.result.cancelled and gen.result.stop_reason == "cancelled"
+    assert forwards_at_cancel >= 1 and 1 <= len(gen.result.tokens) < 400
+    assert gen.result.target_forwards - forwards_at_cancel <= 1
 
 
 def test_stops_on_stop_string_and_stop_fn(parts, references):

@@ -97,3 +97,27 @@ def test_two_documents_sharing_a_header_each_keep_their_cache():
     # a request never takes another document's entry: a's entry is still whole
     again = generate_text(engine, bodies["file:///a.py"], max_new_tokens=2, key="file:///a.py")
     assert again.prefill_tokens <= 2
+
+
+def test_a_shared_head_is_copied_alone_not_the_donors_whole_cache(monkeypatch):
+    """Issue 28, bug 5: a shared-header hit deep-copied the donor's whole cache, then cropped it.
+    The copy now allocates only the head: every tensor made while copying is at most the head's
+    length, the donor is untouched, and the copied KV equals the donor's head."""
+    import copy
+
+    import torch
+
+    from codespec_lsp.engine.kvcache import KV
+    tok, target, _ = tiny_parts()
+    donor = KV(target)
+    donor.extend(list(range(5, 205)))
+    monkeypatch.setattr(copy, "deepcopy", lambda *a, **k: pytest.fail("deep-copied the donor"))
+    head = donor.copy(30)
+    assert len(head) == 30 and head.nbytes * 200 == donor.nbytes * 30
+    assert len(donor) == 200 and donor.cache.get_seq_length() == 200
+    for mine, theirs in zip(head.cache.layers, donor.cache.layers):
+        assert mine.keys.shape[-2] == 30 and torch.equal(mine.keys, theirs.keys[..., :30, :])
+        assert torch.equal(mine.values, theirs.values[..., :30, :])
+        assert mine.keys.data_ptr() != theirs.keys.data_ptr()
+    # the copy goes on like a KV of its own
+    assert torch.allclose(head.extend([7])[-1], KV(target, ).extend(list(range(5, 35)) + [7])[-1], atol=1e-4)

@@ -461,6 +461,22 @@ async def test_the_copy_weight_setting_reaches_the_engine():
     assert eng.copy_weights == [COPY_WEIGHT, 0.0, 0.8]
 
 
+async def test_the_word_bias_setting_reaches_the_engine():
+    """wordBias (issue 28: heal.py said 0 turns the lean off, but no setting reached it)."""
+    from codespec_lsp.completion.heal import WORD_BIAS
+
+    class Recording(FakeEngine):
+        def generate(self, *a, **k):
+            self.word_biases.append(k.get("word_bias"))
+            return super().generate(*a, **k)
+    eng = Recording()
+    eng.word_biases = []
+    await make(eng).complete(req("x = "))
+    await make(eng, word_bias=0.0).complete(req("y = "))
+    await make(eng, word_bias=4.0).complete(req("z = "))
+    assert eng.word_biases == [WORD_BIAS, 0.0, 4.0]
+
+
 async def test_feedback_counts_only_known_ids():
     s = make(FakeEngine())
     out = await s.complete(req("x = "))

@@ -126,3 +126,45 @@ def test_sampling_under_token_healing_follows_the_targets_constrained_distributi
     got = counts / trials
     assert counts[[0, 3, 5]].sum() == 0                     # nothing the constraint forbids
     assert 0.5 * float((got - want).abs().sum()) < 0.015, (got, want)
+
+
+def test_rejection_draws_use_the_generators_device(monkeypatch):
+    """Issue 28, bug 3: the engine makes the generator on the target's device, and the draws were
+    asked for on the CPU, which a CUDA generator refuses. Checked without a GPU: a stand-in
+    generator on "cuda" and a torch.rand that records where it was asked to draw."""
+    import types
+
+    from codespec_lsp.engine import speculative
+    asked = []
+    real_rand = torch.rand
+
+    def rand(*size, generator=None, device=None):
+        asked.append((torch.device(device), generator))
+        return real_rand(*size)
+
+    monkeypatch.setattr(speculative.torch, "rand", rand)
+    cuda_generator = types.SimpleNamespace(device=torch.device("cuda"))
+    u = speculative.uniform(3, cuda_generator, torch.device("cpu"))
+    assert asked == [(torch.device("cuda"), cuda_generator)] and u.device == torch.device("cpu")
+    asked.clear()
+    speculative.uniform(2, None, torch.device("cpu"))
+    assert asked == [(torch.device("cpu"), None)]
+    asked.clear()
+    p = torch.softmax(torch.randn(3, 5), -1)
+    monkeypatch.setattr(speculative, "sample", lambda probs, generator=None: 0)
+    speculative.verify_sampled(p, None, [1, 2], generator=cuda_generator)
+    assert asked and asked[0][0] == torch.device("cuda")
+
+
+def test_a_step_with_nothing_proposed_is_no_drafting_step():
+    """Issue 26, bug 3: a step whose n-gram lookup found nothing ran the target alone (one token
+    per forward, a little slower for the lookup); counted as a drafting step, eight of them made
+    the free drafter look slower than the target and set its K to 0."""
+    ctl = KController(prior_alpha=0.5, prior_cost=0.01)
+    costs = [1.0 + 0.05 * k for k in range(9)]
+    for _ in range(8):
+        ctl.record(0, 0, 0.0001, tokens=1, step_s=0.011)
+    assert ctl.choose(0.010, costs) > 0 and not ctl.steps and ctl.alpha == 0.5
+    for _ in range(8):  # real drafting steps that lose to the target still switch it off
+        ctl.record(2, 0, 0.0001, tokens=1, step_s=0.012)
+    assert ctl.choose(0.010, costs) == 0

@@ -1,7 +1,9 @@
 """`codespec-lsp bench engine`: the engine's figures on held-out Python, in one run, as JSON.
 
 What each field means (the README quotes these):
-  lossless                      speculative greedy text == target-only greedy text at every point
+  lossless                      speculative greedy tokens == target-only greedy tokens at every
+                                point, both on the server's path (served(): token healing, the
+                                lean to the document's names, the copy prior at COPY_WEIGHT)
   acceptance_rate               drafted tokens the target kept / drafted tokens
   tokens_per_target_forward     new tokens / target verify forwards, speculative runs
   speedup                       target-only decode wall / speculative decode wall, same points,
@@ -41,7 +43,9 @@ import torch
 from codespec_lsp.config import Settings, default_context_tokens
 from codespec_lsp.completion.context import ContextBuilder
 from codespec_lsp.engine import hf
-from codespec_lsp.completion.complete import run
+from codespec_lsp.completion.complete import document_words, prompt_ids, run
+from codespec_lsp.completion.heal import healing
+from codespec_lsp.engine.copy_prior import COPY_WEIGHT
 from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine.engine import Engine
 from codespec_lsp.stats import percentile
@@ -119,6 +123,14 @@ def forward_ms(model, context: int = 512, reps: int = 10) -> float:
 
 def _gen(engine: Engine, prompt: str, **options) -> GenerationResult:
     return run(engine.generate(engine.encode(prompt), **options))
+
+
+def served(engine: Engine, prompt: str, **options) -> GenerationResult:
+    """A generation as complete_at asks for it, with the scoring the server applies: the heal
+    backed up, the document's names to lean to, the copy prior at its default weight."""
+    ids, heal = prompt_ids(engine, prompt)
+    return run(engine.generate(ids, constraint=healing(engine, heal, document_words(prompt, len(prompt), heal)),
+                               copy_weight=COPY_WEIGHT, **options))
 
 
 def _prefill(engine: Engine, prompt: str, key: str | None = None) -> GenerationResult:
@@ -199,7 +211,7 @@ def speed(engine: Engine, prompts: list[str], max_tokens: int, repeats: int = 2)
         for rep in range(repeats):
             runs = {}
             for mode in (("target", "spec") if (i + rep) % 2 == 0 else ("spec", "target")):
-                runs[mode] = _gen(engine, prompt, max_new_tokens=max_tokens, speculative=(mode == "spec"))
+                runs[mode] = served(engine, prompt, max_new_tokens=max_tokens, speculative=(mode == "spec"))
                 if mode not in fastest or runs[mode].wall_s < fastest[mode].wall_s:
                     fastest[mode] = runs[mode]
             lossless &= runs["spec"].tokens == runs["target"].tokens

@@ -15,7 +15,7 @@ from pathlib import Path
 from codespec_lsp.completion.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine.copy_prior import COPY_WEIGHT
-from codespec_lsp.completion.heal import healing, typed_word, vocab_of
+from codespec_lsp.completion.heal import WORD_BIAS, ends_in_indent, healing, typed_word, vocab_of
 from codespec_lsp.completion.postprocess import block_end, decide_mode, finalize
 
 
@@ -103,13 +103,19 @@ def prompt_ids(backend, prompt: str) -> tuple[list[int], str]:
     cut = len(ids) - 1
     heal = _backed_up(tokenizer, ids, cut)
     vocab = vocab_of(backend)
-    while cut > 1 and len(ids) - cut < HEAL_MAX_TOKENS and ids[cut - 1] not in special:
+    while heal and cut > 1 and len(ids) - cut < HEAL_MAX_TOKENS and ids[cut - 1] not in special:
         piece = _backed_up(tokenizer, ids[:cut], cut - 1)
-        if not ((_WORD_CHAR.match(heal) and _WORD_PIECE.fullmatch(piece))
-                or ("\n" not in piece and vocab.spanned(piece + heal))):
-            break
+        if not piece or not ((_WORD_CHAR.match(heal) and _WORD_PIECE.fullmatch(piece))
+                             or ("\n" not in piece and vocab.spanned(piece + heal))):
+            break  # "": a byte piece of a character, which no allowed token can re-type
         cut, heal = cut - 1, piece + heal
-    heal = _backed_up(tokenizer, ids, cut)  # decoded as a whole: what the prompt really loses
+    # Decoded as a whole (what the prompt really loses), and only as much as the vocabulary can
+    # re-type: a character it spells in byte pieces alone (`é`, `日`, `😀` in a small vocabulary)
+    # is left in the prompt, or the constrained generation would have no token to take.
+    heal = _backed_up(tokenizer, ids, cut)
+    while heal and prompt.endswith(heal) and not vocab.retypeable(heal, ends_in_indent(heal)):
+        cut += 1
+        heal = _backed_up(tokenizer, ids, cut) if cut < len(ids) else ""
     if not heal or not prompt.endswith(heal):
         return ids, ""  # the tokens' text does not read back exactly: backing up would change the prompt
     return ids[:cut], heal
@@ -176,10 +182,11 @@ def run(gen, tokenizer=None, prompt: Sequence[int] = (), stop: Sequence[str] = (
 def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset: int, *,
                 max_tokens: int, cancel: CancelToken | None = None, speculative: bool = True,
                 others: Sequence[tuple[str, str]] = (), min_confidence: float | None = None,
-                copy_weight: float | None = None, **generate_options
+                copy_weight: float | None = None, word_bias: float | None = None, **generate_options
                 ) -> tuple[GenerationResult, str | None]:
     """(the backend's result with its counts, the text to show or None when there is nothing).
-    `copy_weight`: the copy prior's share in the scores (engine/copy_prior.py); None: COPY_WEIGHT."""
+    `copy_weight`: the copy prior's share in the scores (engine/copy_prior.py); None: COPY_WEIGHT.
+    `word_bias`: token healing's lean to the document's names (heal.Heal); None: WORD_BIAS."""
     prompt = builder.build(key, source, offset, others)
     line_prefix, line_suffix, prev_line = split_line(source, offset)
     mode = decide_mode(line_prefix, line_suffix, prev_line)
@@ -187,7 +194,8 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     lookup = backend.encode(prompt.lookup_text) if prompt.lookup_text else []
     gen = backend.generate(ids, max_new_tokens=max_tokens, cancel=cancel, speculative=speculative,
                            key=key, lookup_ids=lookup,
-                           constraint=healing(backend, heal, document_words(source, offset, heal)),
+                           constraint=healing(backend, heal, document_words(source, offset, heal),
+                                              WORD_BIAS if word_bias is None else word_bias),
                            copy_weight=COPY_WEIGHT if copy_weight is None else copy_weight,
                            **generate_options)
     result = run(gen, backend.tokenizer, ids, stop_fn=_after_heal(heal, lambda text: block_end(text, mode)))

@@ -47,7 +47,8 @@ _TYPED_WORD = re.compile(r"\w+$")
 # training nor benchmarks/heldout read: prefix chars 1.84 without it, 1.96 / 1.99 / 2.17 at
 # 3 / 6 / 10, and 2.22 / 2.40 at 6 / 10 once indentation was healed by its longest piece too
 # (benchmarks/results/word_bias_tuning_cpu_tiny.json). At 10 a new name still comes
-# when the model is e^10 times surer of it than of any of the document's. 0 turns it off.
+# when the model is e^10 times surer of it than of any of the document's. 0 turns it off (the
+# `wordBias` setting).
 WORD_BIAS = 10.0
 MASKS_KEPT = 64  # (rest, indent, device) masks kept; a [V] bool mask each (32 KB at 32,000 ids)
 
@@ -56,6 +57,12 @@ def typed_word(text: str) -> str:
     """The word (letters, digits, `_`) `text` ends in: "" when it ends in none."""
     typed = _TYPED_WORD.search(text)
     return typed.group(0) if typed else ""
+
+
+def ends_in_indent(heal: str) -> bool:
+    """Whether `heal` ends in indentation typed after its last newline (or at its start)."""
+    tail = heal.rsplit("\n", 1)[-1]
+    return bool(tail) and not tail.strip()
 
 
 def advance(rest: str, text: str, indent: bool = False, longest: int = 0) -> str | None:
@@ -91,18 +98,52 @@ class HealVocab:
         self._sorted = sorted(self._ids_of)  # for the ids whose text starts with a given text
         self._enders = [i for t, same in self._ids_of.items() if not _WORD.match(t) for i in same]
         self._masks: LRUCache = LRUCache(maxsize=MASKS_KEPT)
+        self._typeable: LRUCache = LRUCache(maxsize=4096)  # (rest, indent) -> retypeable
 
     def allowed(self, rest: str, indent: bool, device: torch.device | str = "cpu") -> torch.Tensor:
-        """[V] bool on `device`: the ids a token may take while `rest` is still to be re-typed."""
+        """[V] bool on `device`: the ids a token may take while `rest` is still to be re-typed.
+        A token covering part of `rest` is allowed only when what it leaves can be re-typed too,
+        so a constraint that starts re-typeable never reaches a row with nothing allowed."""
         key = (rest, indent, torch.device(device))
         if key not in self._masks:
             on_cpu = (rest, indent, torch.device("cpu"))
             if on_cpu not in self._masks:
                 longest = self.longest_prefix(rest)
-                self._masks[on_cpu] = torch.tensor([advance(rest, t, indent, longest) is not None
+                self._masks[on_cpu] = torch.tensor([self._leads_on(advance(rest, t, indent, longest), indent)
                                                     for t in self.texts])
             self._masks[key] = self._masks[on_cpu].to(key[2])
         return self._masks[key]
+
+    def _leads_on(self, left: str | None, indent: bool) -> bool:
+        return left is not None and (not left or self.retypeable(left, indent))
+
+    def retypeable(self, rest: str, indent: bool = False) -> bool:
+        """Whether tokens the constraint allows can re-type all of `rest`. Not so for a character
+        the vocabulary spells only in byte pieces (`é` in a vocabulary without it whole): those
+        pieces read as "" (token_texts) and are never allowed, so backing up over it would leave
+        a generation with no token to take."""
+        key = (rest, indent)
+        if key not in self._typeable:
+            self._typeable[key] = self._covered(rest, indent) or any(
+                self.retypeable(rest[n:], indent) for n in self._partial_cuts(rest))
+        return self._typeable[key]
+
+    def _covered(self, rest: str, indent: bool) -> bool:
+        """Whether one token covers all of `rest` (and, after indentation, does not lengthen it)."""
+        if rest in self._ids_of:
+            return True
+        at = bisect.bisect_right(self._sorted, rest)
+        while at < len(self._sorted) and self._sorted[at].startswith(rest):
+            if advance(rest, self._sorted[at], indent) == "":
+                return True
+            at += 1
+        return False
+
+    def _partial_cuts(self, rest: str) -> list[int]:
+        """The lengths of the proper prefixes of `rest` a token may cover (advance's rule)."""
+        longest = self.longest_prefix(rest)
+        return [n for n in range(1, len(rest)) if rest[:n] in self._ids_of
+                and advance(rest, rest[:n], longest=longest) is not None]
 
     def spanned(self, text: str) -> bool:
         """Whether some id's text goes on past `text` (starts with it and is longer)."""
@@ -155,8 +196,7 @@ class Heal:
     def __init__(self, vocab: HealVocab, heal: str, words: Iterable[str] = (),
                  word_bias: float = WORD_BIAS) -> None:
         self.vocab, self.rest = vocab, heal
-        tail = heal.rsplit("\n", 1)[-1]
-        self.indent = bool(tail) and not tail.strip()  # the cursor is right after indentation
+        self.indent = ends_in_indent(heal)  # the cursor is right after indentation
         typed = typed_word(heal)
         self.words = sorted({w for w in words if typed and w.startswith(typed)})
         self.word = typed if self.words and word_bias > 0 else None  # the word so far
@@ -165,6 +205,12 @@ class Heal:
 
     def allowed(self, rest: str, device: torch.device | str = "cpu") -> torch.Tensor:
         return self.vocab.allowed(rest, self.indent, device)
+
+    @property
+    def stuck(self) -> bool:
+        """No token can re-type what is left (a caller backed up over a byte-piece character):
+        the generation must end, as a row of -inf scores has no greedy pick and no distribution."""
+        return bool(self.rest) and not self.vocab.retypeable(self.rest, self.indent)
 
     def mask(self, logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
         """logits [K+1, V]: row i (the token after drafted[:i]) keeps only allowed tokens, and

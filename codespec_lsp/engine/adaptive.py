@@ -109,7 +109,13 @@ class KController:
     def record(self, proposed: int, kept: int, seconds: float, tokens: int | None = None,
                step_s: float | None = None) -> None:
         """A step that verified `proposed` drafts of this source and kept `kept`; `seconds` drafting
-        them, `step_s` the whole step (draft and verify) that yielded `tokens`."""
+        them, `step_s` the whole step (draft and verify) that yielded `tokens`. A step where the
+        source proposed nothing (the n-gram lookup found no match) was the target alone: counted
+        as drafting, its one token per forward made the source look slower than the target and
+        switched a free drafter off."""
+        if proposed == 0:
+            self.probing = False  # an unanswered probe: the next idle period tries again
+            return
         decay = 0.9
         rejections = 1 if kept < proposed else 0
         self.kept = self.kept * decay + kept

@@ -48,7 +48,8 @@ class CancelToken:
 class GenerationResult:
     text: str = ""            # decoded new text (complete.py fills it after detokenizing)
     tokens: list[int] = field(default_factory=list)  # new token ids
-    stop_reason: str = "max_tokens"  # "max_tokens" | "eos" | "stop" | "cancelled" | "error"
+    # "max_tokens" | "eos" | "stop" | "cancelled" | "error" | "heal" (no token can re-type `heal`)
+    stop_reason: str = "max_tokens"
     cancelled: bool = False
     target_forwards: int = 0  # decode/verify forwards; prefill chunks are counted in prefill_tokens
     draft_forwards: int = 0
@@ -126,6 +127,7 @@ class TokenConstraint(Protocol):
     `allowed(rest)` for the ids that may re-type `rest`."""
 
     rest: str  # the text the next tokens must still re-type ("" once it is re-typed)
+    stuck: bool  # no token may go on: the generation ends (stop_reason "heal"), never a -inf row
 
     def mask(self, logits: "torch.Tensor", drafted: list[int]) -> "torch.Tensor":
         """logits [K+1, V] (row i: the token after drafted[:i]) under the rule; a new tensor."""

@@ -23,6 +23,12 @@ The mix is part of the target's scores, as token healing's mask is:
 greedy speculative output is the greedy output under these scores token for token (every verify
 row counts the drafted tokens before it, as a step-by-step decode would have counted them once
 accepted), and sampling follows the mixed distribution. Weight 0 is the target alone.
+
+Sampling at temperature T and top-p: the mix is made first, from the target's untempered
+distribution, and the sampler then tempers and cuts the MIX (speculative.adjust_probs over its
+log): p ∝ mix^(1/T), then the smallest set of tokens reaching top_p, renormalised. So at T != 1
+the copy share is tempered too (T < 1 sharpens what the prior and the target agree on); it is not
+(1 - w) * tempered target + w * p_copy. Tested exactly at T 0.7, top-p 0.9 (test_copy_prior.py).
 """
 
 from __future__ import annotations

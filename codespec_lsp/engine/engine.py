@@ -1,7 +1,10 @@
 """The generation loop: prefix-cache reuse, then speculative.step until done, cancel, counts.
 
 Contracts:
-- Greedy output is the target's own greedy output, token for token, whatever the drafter.
+- Greedy output is the target's own greedy output under the configured scoring (the healing
+  `constraint` with its name lean, the copy prior `copy_weight`), token for token, whatever the
+  drafter; speculative=False gives the same tokens. It is the bare model's output only with the
+  lean and the prior off (exact mode).
 - Between any two forward passes (draft or target, prefill chunks included) the cancel token is
   checked; a cancelled call returns what it has with `cancelled=True`.
 - However a call ends (done, cancelled, error), both models' caches go back to their prefix
@@ -276,6 +279,9 @@ class _Run:
             while not result.cancelled and result.stop_reason == "max_tokens":
                 new_count = len(seq) - self.prompt_len
                 if new_count >= opts.max_new_tokens:
+                    break
+                if opts.constraint is not None and opts.constraint.stuck:
+                    result.stop_reason = "heal"  # nothing the vocabulary has can re-type the rest
                     break
                 plan = engine._plan(sources, room=opts.max_new_tokens - new_count - 1)
                 try:

@@ -44,6 +44,18 @@ def crop(cache: DynamicCache, length: int) -> None:
         cache.crop(-extra)
 
 
+def copy_head(model: PreTrainedModel, cache: DynamicCache, length: int) -> DynamicCache:
+    """A new cache holding copies of the first `length` positions of `cache`, and nothing more:
+    a shared header is often a small part of a long donor, and copying all then cropping moved
+    the whole donor's KV."""
+    head = new_cache(model)
+    for i, layer in enumerate(cache.layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
+            head.update(keys[..., :length, :].clone(), values[..., :length, :].clone(), i)
+    return head
+
+
 def crop_layers(cache: DynamicCache, length: int) -> None:
     """Crop every layer on its own: after a forward stopped between layers, the layers that ran
     hold more positions than those that did not."""

@@ -16,7 +16,6 @@ Entries are bounded in bytes; the least recently used go first.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
@@ -78,9 +77,7 @@ class KV:
     def copy(self, n: int | None = None) -> "KV":
         """An independent KV holding the first n positions (all by default)."""
         n = len(self) if n is None else n
-        head = KV(self.model, self.ids[:n], copy.deepcopy(self.cache))
-        hf.crop(head.cache, n)
-        return head
+        return KV(self.model, self.ids[:n], hf.copy_head(self.model, self.cache, n))
 
     def reset(self) -> None:
         self.ids, self.cache = [], hf.new_cache(self.model)

@@ -5,9 +5,13 @@ Shapes: V vocabulary, K drafted tokens.
   draft probs q:         [K, V]    the distribution each proposal was drawn from
                                    (None for a deterministic drafter: q is one-hot at the proposal)
 Greedy keeps the longest prefix that matches the target's argmax, then takes the target's own
-next token, so the output is exactly the target's greedy output. Sampling uses the standard
-rejection rule (Leviathan et al. 2023; Chen et al. 2023): keep x with probability min(1, p(x)/q(x)),
-else draw from norm(max(0, p - q)); the output then follows the target's distribution exactly.
+next token, so the output is exactly the target's greedy output under the configured scoring: the
+target's logits after token healing's mask, the name lean (heal.Heal) and the copy prior
+(copy_prior.py), which `step` applies to every verify row. With the lean and the prior on (the
+server's defaults) that is not the bare model's output; exact mode turns both off, and then it
+is. Sampling uses the standard rejection rule (Leviathan et al. 2023; Chen et al. 2023): keep x
+with probability min(1, p(x)/q(x)), else draw from norm(max(0, p - q)); the output then follows
+the target's distribution under the same scoring (tempered and top-p cut after the mix) exactly.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from codespec_lsp.engine.speedup import K_MAX, best_k  # noqa: F401  (re-exporte
 
 
 def adjust_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
-    """Sampling distribution from logits [..., V]. Draft and target go through the same transform,
-    so the output follows the target's temperature/top-p distribution."""
+    """Sampling distribution from logits [..., V]: softmax(logits / T), then the top-p cut. Draft
+    and target go through the same transform, so the output follows the target's temperature/top-p
+    distribution. The target's logits here are its scores after healing, the lean and the copy
+    prior's mix, so those are tempered with it (copy_prior.py)."""
     probs = torch.softmax(logits / max(temperature, 1e-5), dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
@@ -35,6 +41,13 @@ def adjust_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def uniform(k: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """k draws in [0, 1) on `device`. A generator draws only on its own device (the engine makes
+    it on the target's: a CUDA one given device="cpu" raises), so the draw is made there."""
+    where = generator.device if generator is not None else device
+    return torch.rand(k, generator=generator, device=where).to(device)
 
 
 def verify_greedy(target_logits: torch.Tensor, proposal: list[int]) -> tuple[int, int]:
@@ -55,7 +68,7 @@ def verify_sampled(p: torch.Tensor, q: torch.Tensor | None, proposal: list[int],
         q = torch.nn.functional.one_hot(x, p.size(-1)).to(p.dtype)
     rows = torch.arange(k, device=p.device)
     accept_prob = (p[rows, x] / q[rows, x]).clamp(max=1.0)                      # min(1, p(x)/q(x))
-    u = torch.rand(k, generator=generator, device="cpu").to(p.device)
+    u = uniform(k, generator, p.device)
     rejected = (u >= accept_prob).nonzero()
     if len(rejected) == 0:
         return k, sample(p[k], generator)                                       # all kept: bonus token

@@ -283,7 +283,8 @@ class Scheduler:
         result, text = complete_at(
             engine, builder, req.key, _clean(req.source), req.offset, max_tokens=max_tokens,
             cancel=ticket.cancel, others=[(n, _clean(t)) for n, t in req.others],
-            min_confidence=settings.min_confidence, copy_weight=settings.copy_weight)
+            min_confidence=settings.min_confidence, copy_weight=settings.copy_weight,
+            word_bias=settings.word_bias)
         return _Ran(result, text, builder.prompt)
 
     def _warm(self, engine: Any, ticket: Ticket, req: CompletionRequest,
