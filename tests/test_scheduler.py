@@ -461,20 +461,24 @@ async def test_the_copy_weight_setting_reaches_the_engine():
     assert eng.copy_weights == [COPY_WEIGHT, 0.0, 0.8]
 
 
-async def test_the_word_bias_setting_reaches_the_engine():
-    """wordBias (issue 28: heal.py said 0 turns the lean off, but no setting reached it)."""
+async def test_the_word_bias_setting_reaches_the_engine(monkeypatch):
+    """wordBias (issue 28: heal.py said 0 turns the lean off, but no setting reached it): it
+    reaches the healing constraint that complete_at hands to the backend's generate."""
+    from codespec_lsp.completion import complete
     from codespec_lsp.completion.heal import WORD_BIAS
 
-    class Recording(FakeEngine):
-        def generate(self, *a, **k):
-            self.word_biases.append(k.get("word_bias"))
-            return super().generate(*a, **k)
-    eng = Recording()
-    eng.word_biases = []
+    biases = []
+    real = complete.healing
+
+    def recording(backend, heal, words=(), word_bias=WORD_BIAS):
+        biases.append(word_bias)
+        return real(backend, heal, words, word_bias)
+    monkeypatch.setattr(complete, "healing", recording)
+    eng = FakeEngine()
     await make(eng).complete(req("x = "))
     await make(eng, word_bias=0.0).complete(req("y = "))
     await make(eng, word_bias=4.0).complete(req("z = "))
-    assert eng.word_biases == [WORD_BIAS, 0.0, 4.0]
+    assert biases == [WORD_BIAS, 0.0, 4.0]
 
 
 async def test_feedback_counts_only_known_ids():
