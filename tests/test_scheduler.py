@@ -471,10 +471,13 @@ async def test_engine_error_gives_empty_answer():
 
 
 async def test_the_copy_weight_setting_reaches_the_engine():
-    """copyWeight goes to generate; unset, complete_at gives the measured default."""
-    from codespec_lsp.engine.copy_prior import COPY_WEIGHT
+    """copyWeight goes to generate; unset, the model's measured value (engine.scoring); with
+    `exact`, 0 whatever copyWeight says."""
+    from codespec_lsp.planning.scoring import Scoring
 
     class Recording(FakeEngine):
+        scoring = Scoring(copy_weight=0.3)
+
         def generate(self, *a, **k):
             self.copy_weights.append(k.get("copy_weight"))
             return super().generate(*a, **k)
@@ -483,7 +486,8 @@ async def test_the_copy_weight_setting_reaches_the_engine():
     await make(eng).complete(req("x = "))
     await make(eng, copy_weight=0.0).complete(req("y = "))
     await make(eng, copy_weight=0.8).complete(req("z = "))
-    assert eng.copy_weights == [COPY_WEIGHT, 0.0, 0.8]
+    await make(eng, copy_weight=0.8, exact=True).complete(req("w = "))
+    assert eng.copy_weights == [0.3, 0.0, 0.8, 0.0]
 
 
 async def test_feedback_counts_only_known_ids():

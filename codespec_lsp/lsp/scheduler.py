@@ -455,7 +455,8 @@ class Scheduler:
         return complete_at(engine, self._context_builder(engine, settings), req.key,
                            _clean(req.source), req.offset, max_tokens=max_tokens,
                            cancel=job.cancel, others=[(n, _clean(t)) for n, t in req.others],
-                           min_confidence=settings.min_confidence, copy_weight=settings.copy_weight)
+                           min_confidence=settings.min_confidence, copy_weight=settings.copy_weight,
+                           exact=settings.exact)
 
     def _warm(self, engine: Any, job: _Job, req: CompletionRequest, settings: Settings) -> None:
         if job.cancel.cancelled:

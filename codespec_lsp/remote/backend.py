@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from typing import Any
 
-from codespec_lsp.engine.api import CancelToken, GenerationResult, fim_tokens_of
+from codespec_lsp.engine.api import (CancelToken, GenerationResult, document_start_id, end_token_ids,
+                                     fim_tokens_of)
 from codespec_lsp.completion.heal import Heal, HealVocab, token_texts
 from codespec_lsp.remote.client import (ServerClient, ServerInfo, ServerProblem, parse_chunk,
                                         top_logprobs)
@@ -345,8 +346,11 @@ class RemoteBackend:
 
     @property
     def stop_ids(self) -> set[int]:
-        eos = getattr(self.local_tokenizer, "eos_token_id", None)
-        return {eos} if isinstance(eos, int) else set()
+        """Every end id the in-process engine stops at (api.end_token_ids), sent as vLLM's
+        stop_token_ids: a server stopping at its EOS only would write past `<|endoftext|>`."""
+        if self.local_tokenizer is None:
+            return set()
+        return end_token_ids(self.local_tokenizer, _generation_eos(self.local_tokenizer))
 
     @property
     def fim_tokens(self) -> tuple[str, str, str] | None:
@@ -365,7 +369,7 @@ class RemoteBackend:
         """BOS + ids, as the in-process engine does; the server's /tokenize without a tokenizer."""
         if self.local_tokenizer is not None:
             ids = self.local_tokenizer.encode(text, add_special_tokens=False, verbose=False)
-            bos = self.local_tokenizer.bos_token_id
+            bos = document_start_id(self.local_tokenizer)  # the in-process engine's start too
         else:
             try:
                 ids = self.loop.run(self._tokenize(text), timeout=self.client.deadline_s)
@@ -616,3 +620,14 @@ class RemoteBackend:
         except Exception:
             pass
         self.loop.stop()
+
+
+def _generation_eos(tokenizer: Any) -> Any:
+    """generation_config.json's eos ids beside a local tokenizer (the target folder), if any."""
+    import json
+    from pathlib import Path
+    path = Path(str(getattr(tokenizer, "name_or_path", "") or "")) / "generation_config.json"
+    try:
+        return json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    except (OSError, ValueError):
+        return None
