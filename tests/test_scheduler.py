@@ -19,7 +19,7 @@ from fake_engine import FakeEngine
 STATS_FIELDS = {
     "requests", "answered", "cancelled", "superseded", "typing_through_hits",
     "cache_reused_tokens", "prefill_tokens", "acceptance_rate", "tokens_per_target_forward",
-    "latency_ms_p50", "latency_ms_p95", "draft", "target", "device", "state",
+    "latency_ms_p50", "latency_ms_p95", "draft", "target", "device", "state", "preset",
     "backend", "server_acceptance_rate", "server_prefix_cache_hit_rate",
 }
 
@@ -332,7 +332,7 @@ async def test_answer_is_postprocessed_and_counted():
     st = s.stats_dict()
     assert set(st) == STATS_FIELDS
     assert st["requests"] == 1 and st["answered"] == 1 and st["state"] == "ready"
-    assert st["target"] == "fake-target" and st["prefill_tokens"] > 0
+    assert st["target"] == "fake-target" and st["preset"] == "fake" and st["prefill_tokens"] > 0
     assert 0 < st["tokens_per_target_forward"]
 
 
