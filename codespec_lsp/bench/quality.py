@@ -22,6 +22,7 @@ Fields (the README quotes these):
   baseline_prev_line_similarity   the edit_similarity of "the line repeats the previous non-blank
                                   line" (re-indented to the cursor's line; from the cursor's column)
 
+"by_kind" holds the same fields for the line-start and the mid-line points apart.
 `--sweep P1,P2,...` adds "sweep": the same fields per minConfidence value, from the same
 generations (the finalize call complete_at made, re-run with another threshold). The default
 threshold was picked this way on benchmarks/corpus, never on benchmarks/heldout.
