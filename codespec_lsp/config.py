@@ -72,6 +72,10 @@ class Settings:
     # measured default, WORD_BIAS. The in-process engine only.
     word_bias: float | None = field(default=None, metadata=_rule(
         lambda v: 0.0 <= v <= 100.0, "a number from 0 to 100"))
+    # Exactly the target's output: no copy prior, no name lean, whatever the model's measured
+    # knobs (engine/scoring.py). Token healing and the post-processing gates still apply: they
+    # decide what is asked and what is shown, not which tokens the target picks.
+    exact: bool = False
     # An OpenAI-compatible server to complete with instead of the in-process engine (remote/).
     remote: str | None = field(default=None, metadata=_rule(
         lambda v: re.match(r"https?://[^/\s]+", v), "an http:// or https:// URL"))
@@ -179,7 +183,7 @@ def from_cli(args: Any) -> dict[str, Any]:
         "trust_remote_code": "trust_remote_code", "max_tokens": "max_tokens",
         "debounce_ms": "debounce_ms", "context_tokens": "context_tokens",
         "remote": "remote", "remote_model": "remote_model", "api_key_env": "api_key_env",
-        "log_level": "log_level",
+        "log_level": "log_level", "exact": "exact",
     }
     out = {}
     for name, attr in mapping.items():

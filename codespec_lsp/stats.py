@@ -33,10 +33,11 @@ def percentile(values: Iterable[float], q: float) -> float:
 
 def backend_stats(engine: Any) -> dict:
     """`backend` and the server's own rates (remote backends read them off its /metrics)."""
-    out = {"backend": "local", "server_acceptance_rate": None, "server_prefix_cache_hit_rate": None}
+    out = {"backend": "local", "server_acceptance_rate": None, "server_prefix_cache_hit_rate": None,
+           "preset": getattr(engine, "preset", None)}  # what runs: smol, tiny, ... (target: its folder)
     if callable(server_stats := getattr(engine, "server_stats", None)):
         stats = server_stats()
-        out.update({k: stats.get(k) for k in out})
+        out.update({k: stats.get(k) for k in out if k != "preset"})
     return out
 
 

@@ -34,9 +34,12 @@ fi
 [ "${1:-}" = "--install-only" ] && exit 0
 
 ARGS=(--model "$TARGET" --host 127.0.0.1 --port "$PORT" --max-model-len "$MAX_MODEL_LEN"
-      --speculative-config "{\"model\": \"$DRAFT\", \"num_speculative_tokens\": $K}"
       --enable-prefix-caching --enable-tokenizer-info-endpoint
       --enable-prompt-tokens-details)
+# DRAFT=none: the target alone (the smol preset has no draft model yet).
+if [ "$DRAFT" != "none" ]; then
+  ARGS+=(--speculative-config "{\"model\": \"$DRAFT\", \"num_speculative_tokens\": $K}")
+fi
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
   # CPU: float32 like the in-process engine on CPU; a small KV space keeps memory low.
   export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}

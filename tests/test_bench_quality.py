@@ -102,8 +102,11 @@ def test_bench_quality_command_on_the_embedded_pair(tmp_path, monkeypatch):
     assert main(["bench", "quality", "--preset", "tiny", "--device", "cpu", "--corpus", str(corpus),
                  "--points", "4", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert tuple(got) == FIELDS
+    assert tuple(got) == FIELDS + ("by_kind",)
     assert got["points"] == 4
+    kinds = got["by_kind"]  # the same figures at line starts and mid-line (points alternate)
+    assert tuple(kinds) == ("line_start", "mid_line") and tuple(kinds["line_start"]) == FIELDS
+    assert kinds["line_start"]["points"] + kinds["mid_line"]["points"] == 4
     for key in ("shown_rate", "exact_line", "edit_similarity", "repetitive_rate",
                 "baseline_prev_line_similarity"):
         assert 0.0 <= got[key] <= 1.0

@@ -23,9 +23,9 @@ BENCH_FIELDS = ["preset", "device", "points", "lossless", "acceptance_rate",
 
 
 def test_complete_json_matches_plain_and_target_only(capsys):
-    assert main(["complete", str(DEMO), "--line", "12", "--col", "0", "--json", "--max-tokens", "24"]) == 0
+    assert main(["complete", str(DEMO), "--line", "12", "--col", "0", "--json", "--max-tokens", "24", "--preset", "tiny"]) == 0
     spec = json.loads(capsys.readouterr().out)
-    assert main(["complete", str(DEMO), "--line", "12", "--col", "0", "--json", "--max-tokens", "24",
+    assert main(["complete", str(DEMO), "--line", "12", "--col", "0", "--json", "--max-tokens", "24", "--preset", "tiny",
                  "--no-speculative"]) == 0
     alone = json.loads(capsys.readouterr().out)
     assert spec["text"] == alone["text"]  # lossless through the whole pipeline
@@ -34,7 +34,7 @@ def test_complete_json_matches_plain_and_target_only(capsys):
                 "reused_tokens", "wall_s", "cancelled"):
         assert key in spec
     assert spec["prefill_tokens"] > 50 and not spec["cancelled"]
-    assert main(["complete", str(DEMO), "--line", "12", "--col", "0", "--max-tokens", "24"]) == 0
+    assert main(["complete", str(DEMO), "--line", "12", "--col", "0", "--max-tokens", "24", "--preset", "tiny"]) == 0
     assert capsys.readouterr().out.rstrip("\n") == spec["text"]
 
 

@@ -15,7 +15,7 @@ from fake_engine import FakeEngine
 STATS_FIELDS = {
     "requests", "answered", "cancelled", "superseded", "typing_through_hits",
     "cache_reused_tokens", "prefill_tokens", "acceptance_rate", "tokens_per_target_forward",
-    "latency_ms_p50", "latency_ms_p95", "draft", "target", "device", "state",
+    "latency_ms_p50", "latency_ms_p95", "draft", "target", "device", "state", "preset",
     "backend", "server_acceptance_rate", "server_prefix_cache_hit_rate",
 }
 
@@ -307,7 +307,7 @@ async def test_answer_is_postprocessed_and_counted():
     st = s.stats.report(s.host)
     assert set(st) == STATS_FIELDS
     assert st["requests"] == 1 and st["answered"] == 1 and st["state"] == "ready"
-    assert st["target"] == "fake-target" and st["prefill_tokens"] > 0
+    assert st["target"] == "fake-target" and st["preset"] == "fake" and st["prefill_tokens"] > 0
     assert 0 < st["tokens_per_target_forward"]
 
 
@@ -446,10 +446,13 @@ async def test_engine_error_gives_empty_answer():
 
 
 async def test_the_copy_weight_setting_reaches_the_engine():
-    """copyWeight goes to generate; unset, complete_at gives the measured default."""
-    from codespec_lsp.engine.copy_prior import COPY_WEIGHT
+    """copyWeight goes to generate; unset, the model's measured value (engine.scoring); with
+    `exact`, 0 whatever copyWeight says."""
+    from codespec_lsp.engine.scoring import Scoring
 
     class Recording(FakeEngine):
+        scoring = Scoring(copy_weight=0.3)
+
         def generate(self, *a, **k):
             self.copy_weights.append(k.get("copy_weight"))
             return super().generate(*a, **k)
@@ -458,7 +461,8 @@ async def test_the_copy_weight_setting_reaches_the_engine():
     await make(eng).complete(req("x = "))
     await make(eng, copy_weight=0.0).complete(req("y = "))
     await make(eng, copy_weight=0.8).complete(req("z = "))
-    assert eng.copy_weights == [COPY_WEIGHT, 0.0, 0.8]
+    await make(eng, copy_weight=0.8, exact=True).complete(req("w = "))
+    assert eng.copy_weights == [0.3, 0.0, 0.8, 0.0]
 
 
 async def test_the_word_bias_setting_reaches_the_engine(monkeypatch):

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 STATS_FIELDS = {
     "requests", "answered", "cancelled", "superseded", "typing_through_hits",
     "cache_reused_tokens", "prefill_tokens", "acceptance_rate", "tokens_per_target_forward",
-    "latency_ms_p50", "latency_ms_p95", "draft", "target", "device", "state",
+    "latency_ms_p50", "latency_ms_p95", "draft", "target", "device", "state", "preset",
     "backend", "server_acceptance_rate", "server_prefix_cache_hit_rate",
 }
 PY = """import os

@@ -48,16 +48,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def vllm_url(tmp_path_factory):
-    if url := os.environ.get("CODESPEC_VLLM_URL"):
-        yield url
-        return
+def _serve(tmp_path_factory, **env_extra):
+    """A vLLM server (scripts/serve_vllm.sh) for the session: yields its URL, stops it after."""
     if not _vllm_installed():
         pytest.skip(f"vLLM not installed in {VENV} (opt-in: CODESPEC_VLLM=1 scripts/setup.sh)")
     port = _free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    env = {**os.environ, "CODESPEC_VLLM_VENV": str(VENV), "PORT": str(port)}
+    env = {**os.environ, "CODESPEC_VLLM_VENV": str(VENV), "PORT": str(port), **env_extra}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "serve_vllm.sh")], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -82,6 +79,14 @@ def vllm_url(tmp_path_factory):
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tmp_path_factory):
+    if url := os.environ.get("CODESPEC_VLLM_URL"):
+        yield url
+        return
+    yield from _serve(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -259,3 +264,56 @@ async def test_inline_completions_over_stdio_and_superseded_streams_close(vllm_u
         assert st["server_acceptance_rate"] is not None
     finally:
         await stop(client)
+
+
+# ------------------------------------------------------------ smol (SmolLM2-135M), exact mode
+
+def _smol_folder() -> pathlib.Path:
+    from codespec_lsp.engine import fetch
+    folder = fetch.preset_dir("smol")
+    if not fetch.is_converted(folder):
+        pytest.skip("smol is not fetched (codespec-lsp fetch smol)")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def smol_url(tmp_path_factory):
+    if url := os.environ.get("CODESPEC_VLLM_SMOL_URL"):
+        yield url
+        return
+    yield from _serve(tmp_path_factory, TARGET=str(_smol_folder()), DRAFT="none",
+                      MAX_MODEL_LEN="4096")
+
+
+def unseen_line_starts(n: int = 8) -> list[str]:
+    """The text before `n` line starts (after indentation) of benchmarks/unseen_check: code
+    written after SmolLM2 was trained."""
+    from codespec_lsp.bench.quality import quality_points
+    files = sorted((ROOT / "benchmarks" / "unseen_check").rglob("*.py"))
+    points = [p for p in quality_points(files, 4 * n, seed=1) if p.kind == "line_start"][:n]
+    return [p.source[:p.offset] for p in points]
+
+
+def test_smol_served_by_vllm_equals_the_in_process_smol_in_exact_mode(smol_url):
+    from codespec_lsp.completion.complete import complete_at
+    from codespec_lsp.completion.context import ContextBuilder
+    from codespec_lsp.config import default_context_tokens
+    from codespec_lsp.engine import load_engine
+    folder = _smol_folder()
+    local = load_engine(preset="smol", device="cpu", exact=True)
+    remote = connect_remote(smol_url, tokenizer=str(folder))
+    try:
+        assert remote.stop_ids == local.stop_ids  # every end id, sent as stop_token_ids
+        same = 0
+        for i, text in enumerate(unseen_line_starts()):
+            shown = []
+            for backend in (local, remote):
+                builder = ContextBuilder(backend.count_tokens,
+                                         default_context_tokens(backend.context_window, 24),
+                                         fim_tokens=backend.fim_tokens)
+                shown.append(complete_at(backend, builder, f"file:///u{i}.py", text, len(text),
+                                         max_tokens=24, exact=True)[1])
+            same += shown[0] == shown[1]
+        assert same >= 7  # fp32 on both sides; a near-tie in the logits may still flip one
+    finally:
+        remote.close()

@@ -288,7 +288,7 @@ def run_engine_bench(args) -> int:
     from codespec_lsp.engine import load_engine
     engine = load_engine(preset=args.preset, draft=args.draft, target=args.target, device=args.device,
                          dtype=args.dtype, allow_download=args.allow_download,
-                         trust_remote_code=args.trust_remote_code)
+                         trust_remote_code=args.trust_remote_code, exact=getattr(args, "exact", False))
     engine.fixed_k = args.fixed_k
     result = engine_bench(engine, corpus=args.corpus, points=args.points, max_tokens=args.max_tokens)
     out = json.dumps(result, indent=2)

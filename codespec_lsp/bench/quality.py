@@ -22,6 +22,7 @@ Fields (the README quotes these):
   baseline_prev_line_similarity   the edit_similarity of "the line repeats the previous non-blank
                                   line" (re-indented to the cursor's line; from the cursor's column)
 
+"by_kind" holds the same fields for the line-start and the mid-line points apart.
 `--sweep P1,P2,...` adds "sweep": the same fields per minConfidence value, from the same
 generations (the finalize call complete_at made, re-run with another threshold). The default
 threshold was picked this way on benchmarks/corpus, never on benchmarks/heldout.
@@ -148,7 +149,7 @@ def _finalize_calls():
 
 def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, seed: int = 0,
                   min_confidence: float | None = None, sweep: tuple[float, ...] = (),
-                  copy_weight: float | None = None) -> dict:
+                  copy_weight: float | None = None, exact: bool = False) -> dict:
     """The FIELDS for `points` points; with `sweep`, also the same figures per threshold (under
     "sweep", computed from the same generations: finalize is pure, only the gate differs)."""
     root = Path(corpus) if corpus else HELD_OUT
@@ -160,12 +161,14 @@ def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, se
                              default_context_tokens(engine.context_window, settings.max_tokens),
                              fim_tokens=engine.fim_tokens)
     scores, swept = [], {t: [] for t in sweep}
-    for i, point in enumerate(quality_points(files, points, seed)):
+    chosen = quality_points(files, points, seed)
+    for i, point in enumerate(chosen):
         key = f"{point.path}#{i}"  # a fresh document per point: no prompt cut carried over
         with _finalize_calls() as calls:
             result, text = complete_at(engine, builder, key, point.document, point.offset,
                                        max_tokens=settings.max_tokens,
-                                       min_confidence=min_confidence, copy_weight=copy_weight)
+                                       min_confidence=min_confidence, copy_weight=copy_weight,
+                                       exact=exact)
         scores.append(score(point, text))
         for t in sweep:
             # finalize is pure: the same call with another threshold is what that setting shows
@@ -174,6 +177,9 @@ def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, se
                 again = postprocess.finalize(*args, **{**kwargs, "min_confidence": t})
             swept[t].append(score(point, again))
     out = summarize(scores)
+    # Line starts and mid-line points differ in kind (a new line vs the rest of a typed one).
+    out["by_kind"] = {kind: summarize([s for s, p in zip(scores, chosen) if p.kind == kind])
+                      for kind in ("line_start", "mid_line")}
     if sweep:
         out["sweep"] = {str(t): summarize(s) for t, s in swept.items()}
     return out
@@ -187,7 +193,7 @@ def run_quality_bench(args) -> int:
     sweep = tuple(float(t) for t in args.sweep.split(",")) if args.sweep else ()
     result = quality_bench(engine, corpus=args.corpus, points=args.points,
                            min_confidence=args.min_confidence, sweep=sweep,
-                           copy_weight=args.copy_weight)
+                           copy_weight=args.copy_weight, exact=getattr(args, "exact", False))
     out = json.dumps(result, indent=2)
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)

@@ -103,7 +103,7 @@ def _server_command(args: Any) -> list[str]:
         value = getattr(args, flag, None)
         if value is not None and value != "":
             cmd += ["--" + flag.replace("_", "-"), str(value)]
-    for flag in ("allow_download", "trust_remote_code"):
+    for flag in ("allow_download", "trust_remote_code", "exact"):
         if getattr(args, flag, False):
             cmd.append("--" + flag.replace("_", "-"))
     return cmd

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from codespec_lsp.completion.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
-from codespec_lsp.engine.copy_prior import COPY_WEIGHT
-from codespec_lsp.completion.heal import WORD_BIAS, ends_in_indent, healing, typed_word, vocab_of
+from codespec_lsp.engine.scoring import PURE, Scoring
+from codespec_lsp.completion.heal import ends_in_indent, healing, typed_word, vocab_of
 from codespec_lsp.completion.postprocess import block_end, decide_mode, finalize
 
 
@@ -182,11 +182,19 @@ def run(gen, tokenizer=None, prompt: Sequence[int] = (), stop: Sequence[str] = (
 def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset: int, *,
                 max_tokens: int, cancel: CancelToken | None = None, speculative: bool = True,
                 others: Sequence[tuple[str, str]] = (), min_confidence: float | None = None,
-                copy_weight: float | None = None, word_bias: float | None = None, **generate_options
-                ) -> tuple[GenerationResult, str | None]:
+                copy_weight: float | None = None, word_bias: float | None = None,
+                exact: bool = False, **generate_options) -> tuple[GenerationResult, str | None]:
     """(the backend's result with its counts, the text to show or None when there is nothing).
-    `copy_weight`: the copy prior's share in the scores (engine/copy_prior.py); None: COPY_WEIGHT.
-    `word_bias`: token healing's lean to the document's names (heal.Heal); None: WORD_BIAS."""
+    `copy_weight`, `word_bias`, `min_confidence`: None takes the model's measured value
+    (`backend.scoring`, engine/scoring.py; a backend without one runs the pure target).
+    `exact`: the target's own output, no copy prior and no name lean, whatever the model or the
+    settings say."""
+    scoring: Scoring = PURE if exact else getattr(backend, "scoring", PURE)
+    if exact:
+        copy_weight = word_bias = 0.0
+    copy_weight = scoring.copy_weight if copy_weight is None else copy_weight
+    word_bias = scoring.word_bias if word_bias is None else word_bias
+    min_confidence = scoring.min_confidence if min_confidence is None else min_confidence
     prompt = builder.build(key, source, offset, others)
     line_prefix, line_suffix, prev_line = split_line(source, offset)
     mode = decide_mode(line_prefix, line_suffix, prev_line)
@@ -194,9 +202,9 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     lookup = backend.encode(prompt.lookup_text) if prompt.lookup_text else []
     gen = backend.generate(ids, max_new_tokens=max_tokens, cancel=cancel, speculative=speculative,
                            key=key, lookup_ids=lookup,
-                           constraint=healing(backend, heal, document_words(source, offset, heal),
-                                              WORD_BIAS if word_bias is None else word_bias),
-                           copy_weight=COPY_WEIGHT if copy_weight is None else copy_weight,
+                           constraint=healing(backend, heal, document_words(source, offset, heal)
+                                              if word_bias > 0 else (), word_bias),
+                           copy_weight=copy_weight,
                            **generate_options)
     result = run(gen, backend.tokenizer, ids, stop_fn=_after_heal(heal, lambda text: block_end(text, mode)))
     if heal:  # the text as seen from the cursor: what was backed up over is already typed
@@ -256,7 +264,8 @@ def run_complete(args) -> int:
             engine = load_engine(preset=args.preset, draft=args.draft, target=args.target,
                                  device=args.device, dtype=args.dtype,
                                  allow_download=args.allow_download,
-                                 trust_remote_code=args.trust_remote_code, drafter=args.drafter)
+                                 trust_remote_code=args.trust_remote_code, drafter=args.drafter,
+                                 exact=getattr(args, "exact", False))
     except ModelLoadError as exc:
         print(f"codespec-lsp complete: {exc}", file=sys.stderr)
         return 1
@@ -265,7 +274,7 @@ def run_complete(args) -> int:
                              fim_tokens=engine.fim_tokens)
     result, text = complete_at(engine, builder, str(path), source, offset, max_tokens=args.max_tokens,
                                speculative=not args.no_speculative, temperature=args.temperature,
-                               top_p=args.top_p)
+                               top_p=args.top_p, exact=getattr(args, "exact", False))
     if getattr(args, "remote", None):
         engine.close()
         for _, message in engine.health.unsent:  # the server's trouble, told once, on stderr

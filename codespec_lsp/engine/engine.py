@@ -26,7 +26,8 @@ import torch
 from codespec_lsp.engine import hf
 from codespec_lsp.engine.adaptive import KController, VerifyTimes  # noqa: F401 (KController re-exported)
 from codespec_lsp.engine.api import (CancelToken, Generation, GenerationError, GenerationResult,
-                                     TokenConstraint, fim_tokens_of, token_texts)
+                                     TokenConstraint, document_start_id, end_token_ids,
+                                     fim_tokens_of, token_texts)
 from codespec_lsp.engine.copy_prior import CopyPrior
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
 from codespec_lsp.engine.kvcache import PrefixCache
@@ -71,7 +72,9 @@ class Engine:
             self.model_drafter = ModelDrafter(draft, PrefixCache(draft, cache_bytes // 2, prefix_cache),
                                               self.vocab_size, prefill_chunk)
         self.drafter = drafter
-        self.stop_ids = self._stop_ids()
+        self.stop_ids = end_token_ids(tokenizer, getattr(getattr(target, "generation_config", None),
+                                                         "eos_token_id", None))
+        self.doc_start = document_start_id(tokenizer)
         # None: K adapts (KController). A number pins K for every draft source: for benchmarks
         # that show what drafting at a loss would buy, never for serving.
         self.fixed_k: int | None = None
@@ -147,19 +150,10 @@ class Engine:
             self.model_drafter.prefix_cache.enabled = enabled
 
     def encode(self, text: str) -> list[int]:
-        """The text's ids with the BOS the model expects."""
-        bos = self.tokenizer.bos_token_id
-        return ([bos] if bos is not None else []) + self.tokenizer.encode(text, add_special_tokens=False,
-                                                                           verbose=False)
-
-    def _stop_ids(self) -> set[int]:
-        """Every end token of the model: the tokenizer's EOS, generation_config's list, `<EOT>`."""
-        ids = {self.tokenizer.eos_token_id}
-        eos = getattr(getattr(self.target_model, "generation_config", None), "eos_token_id", None)
-        ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
-        vocab = self.tokenizer.get_vocab()
-        ids.update(vocab[n] for n in ("<EOT>", "▁<EOT>", "<|endoftext|>") if n in vocab)
-        return {i for i in ids if i is not None}
+        """The text's ids after the document start the model expects (api.document_start_id)."""
+        start = self.doc_start
+        return ([start] if start is not None else []) + self.tokenizer.encode(
+            text, add_special_tokens=False, verbose=False)
 
     def prefill(self, ids: list[int], *, key: str | None = None,
                 cancel: CancelToken | None = None) -> GenerationResult:
@@ -204,8 +198,8 @@ class Engine:
         """`ids` (BOS first when the model has one) cut from the left when they would not leave
         `reserve` positions. The cut moves in steps of TRUNCATE_STEP tokens, so the start stays put
         while the user types and the prefix cache keeps hitting for a caller sending the whole file."""
-        bos = self.tokenizer.bos_token_id
-        head = ids[:1] if (bos is not None and ids[:1] == [bos]) else []
+        start = self.doc_start
+        head = ids[:1] if (start is not None and ids[:1] == [start]) else []
         ids = ids[len(head):]
         reserve = min(reserve, self.context_window // 2)  # a small model still sees its prompt
         room = max(self.context_window - reserve - len(head), 1)

@@ -1,6 +1,7 @@
 """Load a draft/target pair with transformers, refuse pairs that cannot work, build the Engine.
 
-- A model reference is a local folder or a hub id. Hub ids resolve from the local HF cache only,
+- A model reference is a local folder, a `.gguf` file (converted once into a folder in the user's
+  cache, engine/fetch.py) or a hub id. Hub ids resolve from the local HF cache only,
   unless the user allowed downloads: offline, a missing checkpoint is an error at once, not a hang.
 - `trust_remote_code` is off unless the user sets it.
 - GPTQ checkpoints load through transformers' GPTQ integration, which needs the `gptq` extra.
@@ -21,25 +22,33 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 from codespec_lsp import TINY_DIR
-from codespec_lsp.engine import hf
+from codespec_lsp.engine import fetch, hf
 from codespec_lsp.engine.api import MissingExtraError, ModelLoadError, TokenizerMismatchError
 from codespec_lsp.engine.engine import Engine
 from codespec_lsp.engine.pairing import compare_tokenizers
+from codespec_lsp.engine.scoring import scoring_for
 
 # Progress bars on stderr are noise in an LSP log and in `complete` output.
 hf_logging.disable_progress_bar()
 
+
 @dataclass(frozen=True)
 class Preset:
     draft: str
-    target: str
+    target: str  # FETCHED: the folder `codespec-lsp fetch NAME` makes (fetch.preset_dir)
     gptq: bool = False
     note: str = ""
 
 
+FETCHED = "<fetched>"
+
+
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(str(TINY_DIR / "draft"), str(TINY_DIR / "target"),
-                   note="embedded pair trained on the Python standard library; runs on CPU"),
+                   note="embedded 6M pair trained on the Python standard library; tests and plumbing"),
+    # A draft model comes with the speculation work; until then n-gram drafting.
+    "smol": Preset("none", FETCHED, note="SmolLM2-135M (fetched once: `codespec-lsp fetch smol`); "
+                                         "the CPU default"),
     "codellama-python": Preset("codellama/CodeLlama-7b-Python-hf", "codellama/CodeLlama-13b-Python-hf",
                                note="fp16: about 39 GB of weights, needs a 48 GB+ card"),
     "codellama-python-gptq": Preset("TheBloke/CodeLlama-7B-Python-GPTQ",
@@ -49,7 +58,27 @@ PRESETS: dict[str, Preset] = {
 
 
 def default_preset() -> str:
-    return "codellama-python-gptq" if torch.cuda.is_available() else "tiny"
+    # Without CUDA smol, fetched or not: an unfetched one is an error naming the fetch command
+    # (load_engine), never a quiet fall-back to the test pair.
+    return "codellama-python-gptq" if torch.cuda.is_available() else "smol"
+
+
+def preset_target(name: str) -> str:
+    """The preset's target reference; ModelLoadError naming the fetch command when unfetched."""
+    target = PRESETS[name].target
+    if target != FETCHED:
+        return target
+    folder = fetch.preset_dir(name)
+    if not fetch.is_converted(folder):
+        raise ModelLoadError(fetch.not_fetched_message(name))
+    return str(folder)
+
+
+def resolve_ref(ref: str | None) -> str | None:
+    """A `.gguf` file becomes its converted folder (converted on first use); others pass."""
+    if ref is not None and ref.lower().endswith(".gguf") and _looks_local(ref):
+        return str(fetch.gguf_folder(ref))
+    return ref
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -176,17 +205,18 @@ def check_pair(draft_tok: PreTrainedTokenizerBase, target_tok: PreTrainedTokeniz
 
 def load_engine(preset: str | None = None, draft: str | None = None, target: str | None = None,
                 device: str = "auto", dtype: str | None = None, allow_download: bool = False,
-                trust_remote_code: bool = False, drafter: str = "auto", **engine_options) -> Engine:
+                trust_remote_code: bool = False, drafter: str = "auto", exact: bool = False,
+                **engine_options) -> Engine:
     """Build an Engine from a preset, with `draft`/`target` overriding it. draft="none" runs the
-    target with n-gram drafting only."""
+    target with n-gram drafting only. `engine.scoring` is the preset's measured knobs when the
+    target is the preset's own, else (and with `exact`) the pure target (engine/scoring.py)."""
     preset = preset or default_preset()
     if preset not in PRESETS:
         raise ModelLoadError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
     chosen = PRESETS[preset]
-    target_ref = target or chosen.target
+    target_ref = resolve_ref(target) if target else preset_target(preset)
     draft_ref = draft or chosen.draft
-    if draft_ref in ("none", ""):
-        draft_ref = None
+    draft_ref = None if draft_ref in ("none", "") else resolve_ref(draft_ref)
     if chosen.gptq and not (target or draft):
         require_gptq(f"preset {preset}")
     device = resolve_device(device)
@@ -203,5 +233,8 @@ def load_engine(preset: str | None = None, draft: str | None = None, target: str
     draft_model = None
     if draft_ref is not None:
         draft_model = load_model(draft_ref, device=device, dtype=torch_dtype, **opts)
-    return Engine(target_model, draft_model, target_tok, preset=preset, target_name=target_ref,
-                  draft_name=draft_ref, device=device, drafter=drafter, **engine_options)
+    engine = Engine(target_model, draft_model, target_tok, preset=preset, target_name=target_ref,
+                    draft_name=draft_ref, device=device, drafter=drafter, **engine_options)
+    engine.scoring = scoring_for(preset, own_target=not target, exact=exact)
+    return engine
+

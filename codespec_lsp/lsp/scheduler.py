@@ -284,7 +284,7 @@ class Scheduler:
             engine, builder, req.key, _clean(req.source), req.offset, max_tokens=max_tokens,
             cancel=ticket.cancel, others=[(n, _clean(t)) for n, t in req.others],
             min_confidence=settings.min_confidence, copy_weight=settings.copy_weight,
-            word_bias=settings.word_bias)
+            word_bias=settings.word_bias, exact=settings.exact)
         return _Ran(result, text, builder.prompt)
 
     def _warm(self, engine: Any, ticket: Ticket, req: CompletionRequest,

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from codespec_lsp.engine.api import fim_tokens_of, token_texts
+from codespec_lsp.engine.api import document_start_id, end_token_ids, fim_tokens_of, token_texts
 from codespec_lsp.remote.client import ServerClient, ServerInfo, ServerProblem
 
 if TYPE_CHECKING:
@@ -75,8 +75,11 @@ class RemoteIds:
 
     @property
     def stop_ids(self) -> set[int]:
-        eos = getattr(self.local_tokenizer, "eos_token_id", None)
-        return {eos} if isinstance(eos, int) else set()
+        """Every end id the in-process engine stops at (api.end_token_ids), sent as vLLM's
+        stop_token_ids: a server stopping at its EOS only would write past `<|endoftext|>`."""
+        if self.local_tokenizer is None:
+            return set()
+        return end_token_ids(self.local_tokenizer, _generation_eos(self.local_tokenizer))
 
     @property
     def fim_tokens(self) -> tuple[str, str, str] | None:
@@ -93,7 +96,7 @@ class RemoteIds:
         """BOS + ids, as the in-process engine does; the server's /tokenize without a tokenizer."""
         if self.local_tokenizer is not None:
             ids = self.local_tokenizer.encode(text, add_special_tokens=False, verbose=False)
-            bos = self.local_tokenizer.bos_token_id
+            bos = document_start_id(self.local_tokenizer)  # the in-process engine's start too
         else:
             try:
                 ids = self.loop.run(self._tokenize(text), timeout=self.client.deadline_s)
@@ -149,3 +152,14 @@ class RemoteIds:
         stable_old = old if final and not before else old[:-1]
         stable_new = new if final else new[:-1]
         return stable_new[len(stable_old):] if new[:len(stable_old)] == stable_old else []
+
+
+def _generation_eos(tokenizer: Any) -> Any:
+    """generation_config.json's eos ids beside a local tokenizer (the target folder), if any."""
+    import json
+    from pathlib import Path
+    path = Path(str(getattr(tokenizer, "name_or_path", "") or "")) / "generation_config.json"
+    try:
+        return json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+    except (OSError, ValueError):
+        return None
