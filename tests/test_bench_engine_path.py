@@ -28,5 +28,6 @@ def test_speed_compares_both_modes_on_the_servers_path():
     assert out["lossless"] is True and len(asked) == 2
     assert {o["speculative"] for o in asked} == {True, False}
     for options in asked:
-        assert options["heal"] == " total_c" and options["words"] == {"total_count"}
+        heal = options["constraint"]
+        assert heal is not None and heal.words == ["total_count"]  # healed " total_c", leaning to the name
         assert options["copy_weight"] == COPY_WEIGHT

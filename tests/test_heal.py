@@ -337,7 +337,7 @@ def test_a_generation_whose_heal_no_token_can_retype_ends(parts, temperature):
     tok, target, draft = parts
     engine = make_engine(target, draft, tok)
     ids = engine.encode("x = caf")
-    result = run(engine.generate(ids, max_new_tokens=6, heal="é", temperature=temperature, seed=1),
+    result = run(engine.generate(ids, max_new_tokens=6, constraint=healing(engine, "é"), temperature=temperature, seed=1),
                  tok, ids)
     assert result.tokens == [] and result.stop_reason == "heal"
 

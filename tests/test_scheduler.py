@@ -471,18 +471,21 @@ async def test_the_word_bias_setting_reaches_the_engine(monkeypatch):
     from codespec_lsp.completion import complete
     from codespec_lsp.completion.heal import WORD_BIAS
 
-    biases = []
+    biases: list[float] = []
     real = complete.healing
 
     def recording(backend, heal, words=(), word_bias=WORD_BIAS):
         biases.append(word_bias)
         return real(backend, heal, words, word_bias)
     monkeypatch.setattr(complete, "healing", recording)
+    from codespec_lsp.engine.scoring import Scoring
     eng = FakeEngine()
+    eng.scoring = Scoring(word_bias=7.0)  # the model's measured lean, taken when the setting is unset
     await make(eng).complete(req("x = "))
     await make(eng, word_bias=0.0).complete(req("y = "))
     await make(eng, word_bias=4.0).complete(req("z = "))
-    assert biases == [WORD_BIAS, 0.0, 4.0]
+    await make(eng, word_bias=4.0, exact=True).complete(req("w = "))
+    assert biases == [7.0, 0.0, 4.0, 0.0]
 
 
 async def test_feedback_counts_only_known_ids():

@@ -29,12 +29,18 @@ def _healed(monkeypatch):
         return backend.encode(text[:-len("fixers_a")]), "fixers_a"
     monkeypatch.setattr(complete, "prompt_ids", prompt_ids)
 
+    def healing(backend, heal, words=(), word_bias=0.0):  # what complete_at asks to heal with
+        backend.seen.append({"words": list(words), "word_bias": word_bias})
+        return None
+    monkeypatch.setattr(complete, "healing", healing)
+
 
 def ask(engine, **kw) -> dict:
     engine.seen = []
     builder = ContextBuilder(engine.count_tokens, 512, fim_tokens=engine.fim_tokens)
     complete_at(engine, builder, "file:///t.py", SOURCE, len(SOURCE), max_tokens=8, **kw)
-    return engine.seen[-1]
+    healed, generated = engine.seen[-2:]
+    return {**generated, **healed}
 
 
 def test_the_models_knobs_apply_unless_exact():
@@ -44,7 +50,7 @@ def test_the_models_knobs_apply_unless_exact():
     assert call["copy_weight"] == 0.4 and set(call["words"]) == {"fixers_applied", "fixers_after"}
     assert ask(engine, copy_weight=0.1)["copy_weight"] == 0.1  # the setting wins over the model
     exact = ask(engine, exact=True, copy_weight=0.9)
-    assert exact["copy_weight"] == 0.0 and list(exact["words"]) == []
+    assert exact["copy_weight"] == 0.0 and list(exact["words"]) == [] and exact["word_bias"] == 0.0
 
 
 def test_a_backend_without_measured_knobs_runs_the_pure_target():
