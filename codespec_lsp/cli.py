@@ -105,6 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     bq.add_argument("--sweep", default=None,
                     help="comma-separated thresholds to score too, from the same generations")
 
+    bc = bench_sub.add_parser("context", help="score lines that use a sibling module's name, "
+                                              "with and without workspace context")
+    _add_model_flags(bc)
+    bc.add_argument("--package", default=None,
+                    help="package folder (default: benchmarks/context/sample)")
+    bc.add_argument("--points", type=int, default=40)
+    bc.add_argument("--json", dest="json_path", default=None, help="write the JSON here")
+    bc.add_argument("--copy-weight", type=float, default=None,
+                    help="the copy prior's share in the scores, 0..1 (default: the server's)")
+
     doctor = sub.add_parser("doctor", help="will this draft/target pair fit and speed up?")
     doctor.add_argument("--draft", required=True)
     doctor.add_argument("--target", required=True)
@@ -160,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.bench_command == "quality":
         from codespec_lsp.bench.quality import run_quality_bench
         return run_quality_bench(args)
+    if args.command == "bench" and args.bench_command == "context":
+        from codespec_lsp.bench.context import run_context_bench
+        return run_context_bench(args)
     if args.command == "doctor":
         from codespec_lsp.planning.doctor import run_doctor
         return run_doctor(args)

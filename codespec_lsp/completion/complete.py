@@ -175,12 +175,13 @@ def run(gen, tokenizer=None, prompt: Sequence[int] = (), stop: Sequence[str] = (
 
 def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset: int, *,
                 max_tokens: int, cancel: CancelToken | None = None, speculative: bool = True,
-                others: Sequence[tuple[str, str]] = (), min_confidence: float | None = None,
-                copy_weight: float | None = None, **generate_options
-                ) -> tuple[GenerationResult, str | None]:
+                others: Sequence[tuple[str, str]] = (), roots: Sequence[str] = (),
+                min_confidence: float | None = None, copy_weight: float | None = None,
+                **generate_options) -> tuple[GenerationResult, str | None]:
     """(the backend's result with its counts, the text to show or None when there is nothing).
+    `others`, `roots`: the open documents and workspace folders (ContextBuilder.build).
     `copy_weight`: the copy prior's share in the scores (engine/copy_prior.py); None: COPY_WEIGHT."""
-    prompt = builder.build(key, source, offset, others)
+    prompt = builder.build(key, source, offset, others, roots)
     line_prefix, line_suffix, prev_line = split_line(source, offset)
     mode = decide_mode(line_prefix, line_suffix, prev_line)
     ids, heal = prompt_ids(backend, prompt.text)
@@ -201,10 +202,10 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
 
 
 def prefill_at(backend, builder: ContextBuilder, key: str, source: str, offset: int,
-               others: Sequence[tuple[str, str]] = (), cancel: CancelToken | None = None
-               ) -> GenerationResult:
+               others: Sequence[tuple[str, str]] = (), cancel: CancelToken | None = None,
+               roots: Sequence[str] = ()) -> GenerationResult:
     """Warm-up (a file opened, an idle pause): the prompt a completion here would send, prefilled."""
-    prompt = builder.build(key, source, offset, others)
+    prompt = builder.build(key, source, offset, others, roots)
     ids, _ = prompt_ids(backend, prompt.text)
     return backend.prefill(ids, key=key, cancel=cancel)
 
