@@ -181,3 +181,20 @@ def test_bench_points_use_a_sibling_name_at_the_line_start():
                             (SAMPLE / "shelfkit" / "desk.py").read_text(), SAMPLE)
     assert {"Catalog", "fee_cents", "Loan"} <= names and "date" not in names
     assert {f.name for f in files} == {"errors.py", "fees.py", "models.py", "store.py"}
+
+
+def test_server_request_carries_the_workspace_folders_and_other_documents_by_uri():
+    """The lsp seam: `initialize`'s folders reach the prompt builder, other documents keep their
+    URI (their path is how an import finds them)."""
+    from lsprotocol import types
+    from codespec_lsp.lsp import documents
+    from codespec_lsp.lsp.server import build_server
+
+    server = build_server(loader=lambda settings: None)
+    folder = types.WorkspaceFolder(uri="file:///ws/proj", name="proj")
+    server.protocol._workspace = documents.Workspace("file:///ws/proj", workspace_folders=[folder])
+    for uri, text in (("file:///ws/proj/app/main.py", MAIN), ("file:///ws/proj/app/models.py", MODELS)):
+        server.workspace.put_text_document(types.TextDocumentItem(uri, "python", 1, text))
+    req = server.request_for("file:///ws/proj/app/main.py", types.Position(6, 10))
+    assert req.roots == ["file:///ws/proj"]
+    assert [uri for uri, _ in req.others] == ["file:///ws/proj/app/models.py"]
