@@ -73,7 +73,7 @@ def context_points(package: Path, n: int, seed: int = 0) -> list[ContextPoint]:
             indent = len(line) - len(line.lstrip())
             at = offset + indent
             used = tuple(dict.fromkeys(word.findall(line)))
-            if (used and code and not code.startswith(("#", "from ", "import ", "@"))
+            if (used and code and not code.startswith(("#", "from ", "import ", "@", '"', "'"))
                     and not any(a <= at < b for a, b in import_spans)):
                 found.append(ContextPoint(Point(str(path), text, at, "line_start"), used))
             offset += len(line) + 1

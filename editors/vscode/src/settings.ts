@@ -93,7 +93,7 @@ export function readSettings(cfg: ConfigLike): ExtensionSettings {
     maxTokens: int(cfg.get('maxTokens')),
     debounceMs: int(cfg.get('debounceMs')),
     contextTokens: int(cfg.get('contextTokens')),
-    workspaceContext: cfg.get<boolean>('workspaceContext') !== false,
+    workspaceContext: cfg.get<boolean>('workspaceContext') === true,
     minConfidence: num(cfg.get('minConfidence')),
     copyWeight: num(cfg.get('copyWeight')),
     remote: text(cfg.get('remote')),

@@ -30,7 +30,7 @@ const defaults = {
   dtype: null,
   allowDownload: false,
   trustRemoteCode: false,
-  workspaceContext: true,
+  workspaceContext: false,
   minConfidence: null,
   copyWeight: null,
   remote: null,
@@ -39,7 +39,7 @@ const defaults = {
   logLevel: null,
 };
 
-const defaultSwitches = { allowDownload: false, trustRemoteCode: false, workspaceContext: true };
+const defaultSwitches = { allowDownload: false, trustRemoteCode: false, workspaceContext: false };
 
 test('defaults start `codespec-lsp serve` and tell the server only enable, device and the switches', () => {
   const s = readSettings(config(defaults));
@@ -55,7 +55,7 @@ test('every server setting goes under its own key', () => {
       dtype: 'bfloat16',
       allowDownload: true,
       trustRemoteCode: true,
-      workspaceContext: false,
+      workspaceContext: true,
       minConfidence: 0.35,
       copyWeight: 0,
       remote: 'http://127.0.0.1:8000/v1',
@@ -70,7 +70,7 @@ test('every server setting goes under its own key', () => {
     dtype: 'bfloat16',
     allowDownload: true,
     trustRemoteCode: true,
-    workspaceContext: false,
+    workspaceContext: true,
     minConfidence: 0.35,
     copyWeight: 0,
     remote: 'http://127.0.0.1:8000/v1',
