@@ -112,6 +112,13 @@ def _bench_parsers(sub) -> None:
            ("--copy-weight", {"type": float, "default": None,
                               "help": "the copy prior's share in the scores, 0..1 (default: the model's)"}),
            ("--sweep", {"default": None, "help": "comma-separated thresholds to score too, from the same generations"}))
+    bc = bench_sub.add_parser("context", help="score lines that use a sibling module's name, "
+                                              "with and without workspace context")
+    _add_model_flags(bc)
+    _flags(bc, ("--package", {"default": None, "help": "package folder (default: benchmarks/context/sample)"}),
+           ("--points", {"type": int, "default": 40}), json_path,
+           ("--copy-weight", {"type": float, "default": None,
+                              "help": "the copy prior's share in the scores, 0..1 (default: the model's)"}))
 
 
 def _doctor_parser(sub) -> None:
@@ -183,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.bench_command == "quality":
         from codespec_lsp.bench.quality import run_quality_bench
         return run_quality_bench(args)
+    if args.command == "bench" and args.bench_command == "context":
+        from codespec_lsp.bench.context import run_context_bench
+        return run_context_bench(args)
     if args.command == "doctor":
         from codespec_lsp.planning.doctor import run_doctor
         return run_doctor(args)

@@ -55,8 +55,11 @@ class Settings:
     # Prefix budget in tokens; None sizes it from the model's context window.
     context_tokens: int | None = field(default=None, metadata=_rule(
         lambda v: 16 <= v <= 1_000_000, "16 to 1000000"))
-    # Snippets from other open documents inside the prompt (the n-gram drafter reads them anyway).
-    other_documents: bool = False
+    # The definitions of the names a file imports from other files of the workspace (open
+    # documents, then files under the workspace folders) before the file in the prompt
+    # (completion/workspace.py). Off: on 9 points of benchmarks/context/sample with SmolLM2-135M
+    # `codespec-lsp bench context` measured no gain yet (benchmarks/results/context_smol_sample.json).
+    workspace_context: bool = False
     # The confidence gate (postprocess): a suggested line whose tokens' geometric-mean target
     # probability is below this (0..1) is not shown. None: postprocess.DEFAULT_MIN_CONFIDENCE,
     # measured with `codespec-lsp bench quality`. Lower shows more (and worse) suggestions.
@@ -97,7 +100,9 @@ def _camel(name: str) -> str:
 _TYPES = typing.get_type_hints(Settings)
 _FIELDS = {f.name: f for f in fields(Settings)}
 # Both spellings of each key: camelCase from editors, snake_case from the CLI and old configs.
-_KEYS = {**{_camel(n): n for n in _FIELDS}, **{n: n for n in _FIELDS}}
+_KEYS = {**{_camel(n): n for n in _FIELDS}, **{n: n for n in _FIELDS},
+         # The old name of workspaceContext (its other-document windows measured worse than none).
+         "otherDocuments": "workspace_context", "other_documents": "workspace_context"}
 
 
 def _strict(kind: type, accepts: tuple[type, ...]) -> Callable[[Any, type], Any]:

@@ -114,25 +114,6 @@ def test_prefix_only_model_keeps_suffix_for_postprocess():
     assert p.text == "print(" and p.suffix == ")\n"
 
 
-def test_snippets_from_other_documents_within_budget():
-    tok = CountingTokenizer()
-    b = ContextBuilder(tok, budget=200, other_documents=True)
-    other = "def parse_config(path):\n    return load_yaml(path)\n" + "pass\n" * 50
-    src = "config = parse_config(path)\nresult = load_yaml("
-    p = b.build("a", src, len(src), others=[("util.py", other)])
-    assert p.text.startswith("# Compare this snippet from util.py:\n# def parse_config(path):")
-    assert p.text.endswith(src)
-    assert tok(p.text) <= 200
-    assert "def parse_config" in p.lookup_text
-
-
-def test_snippets_off_by_default():
-    b = ContextBuilder(CountingTokenizer(), budget=200)
-    src = "x = parse_config("
-    p = b.build("a", src, len(src), others=[("util.py", "def parse_config(): pass\n")])
-    assert p.text == src
-
-
 def test_forget_drops_state():
     tok = CountingTokenizer()
     b = ContextBuilder(tok, budget=120)

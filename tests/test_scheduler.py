@@ -567,7 +567,7 @@ async def test_latency_percentiles_count_only_real_answers():
 async def test_bad_text_in_another_document_does_not_empty_this_one(snippets):
     """Issue 13 item 5: a document holding a lone surrogate reached the tokenizer as "other
     open files" context and made every other document answer empty while it was open."""
-    s = make(FakeEngine(), other_documents=snippets)
+    s = make(FakeEngine(), workspace_context=snippets)
     r = CompletionRequest("file:///a.py", "x = ", 4, others=[("bad.py", "s = '\ud800'\n")])
     out = await s.complete(r)
     assert out.status == "answered" and out.text == "value + 1"

@@ -159,7 +159,8 @@ def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, se
     settings = Settings()
     builder = ContextBuilder(engine.count_tokens,
                              default_context_tokens(engine.context_window, settings.max_tokens),
-                             fim_tokens=engine.fim_tokens)
+                             fim_tokens=engine.fim_tokens,
+                             workspace_context=settings.workspace_context)
     scores, swept = [], {t: [] for t in sweep}
     chosen = quality_points(files, points, seed)
     for i, point in enumerate(chosen):

@@ -181,10 +181,12 @@ def run(gen, tokenizer=None, prompt: Sequence[int] = (), stop: Sequence[str] = (
 
 def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset: int, *,
                 max_tokens: int, cancel: CancelToken | None = None, speculative: bool = True,
-                others: Sequence[tuple[str, str]] = (), min_confidence: float | None = None,
+                others: Sequence[tuple[str, str]] = (), roots: Sequence[str] = (),
+                min_confidence: float | None = None,
                 copy_weight: float | None = None, word_bias: float | None = None,
                 exact: bool = False, **generate_options) -> tuple[GenerationResult, str | None]:
     """(the backend's result with its counts, the text to show or None when there is nothing).
+    `others`, `roots`: the open documents and workspace folders (ContextBuilder.build).
     `copy_weight`, `word_bias`, `min_confidence`: None takes the model's measured value
     (`backend.scoring`, engine/scoring.py; a backend without one runs the pure target).
     `exact`: the target's own output, no copy prior and no name lean, whatever the model or the
@@ -195,7 +197,7 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     copy_weight = scoring.copy_weight if copy_weight is None else copy_weight
     word_bias = scoring.word_bias if word_bias is None else word_bias
     min_confidence = scoring.min_confidence if min_confidence is None else min_confidence
-    prompt = builder.build(key, source, offset, others)
+    prompt = builder.build(key, source, offset, others, roots)
     line_prefix, line_suffix, prev_line = split_line(source, offset)
     mode = decide_mode(line_prefix, line_suffix, prev_line)
     ids, heal = prompt_ids(backend, prompt.text)
@@ -217,10 +219,10 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
 
 
 def prefill_at(backend, builder: ContextBuilder, key: str, source: str, offset: int,
-               others: Sequence[tuple[str, str]] = (), cancel: CancelToken | None = None
-               ) -> GenerationResult:
+               others: Sequence[tuple[str, str]] = (), cancel: CancelToken | None = None,
+               roots: Sequence[str] = ()) -> GenerationResult:
     """Warm-up (a file opened, an idle pause): the prompt a completion here would send, prefilled."""
-    prompt = builder.build(key, source, offset, others)
+    prompt = builder.build(key, source, offset, others, roots)
     ids, _ = prompt_ids(backend, prompt.text)
     return backend.prefill(ids, key=key, cancel=cancel)
 

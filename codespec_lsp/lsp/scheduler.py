@@ -46,7 +46,8 @@ class CompletionRequest:
     key: str                                      # document uri
     source: str                                   # snapshot of the document text
     offset: int                                   # cursor, in code points
-    others: Sequence[tuple[str, str]] = ()        # (name, text) of other open documents
+    others: Sequence[tuple[str, str]] = ()        # (uri, text) of other open documents
+    roots: Sequence[str] = ()                     # workspace folder URIs, for workspace context
     request_id: Any = None                        # the LSP request id, for the log line
     position: tuple[int, int] | None = None       # (line, character) as the client sent it
 
@@ -284,7 +285,7 @@ class Scheduler:
             engine, builder, req.key, _clean(req.source), req.offset, max_tokens=max_tokens,
             cancel=ticket.cancel, others=[(n, _clean(t)) for n, t in req.others],
             min_confidence=settings.min_confidence, copy_weight=settings.copy_weight,
-            word_bias=settings.word_bias, exact=settings.exact)
+            roots=req.roots, word_bias=settings.word_bias, exact=settings.exact)
         return _Ran(result, text, builder.prompt)
 
     def _warm(self, engine: Any, ticket: Ticket, req: CompletionRequest,
@@ -294,18 +295,19 @@ class Scheduler:
         try:
             prefill_at(engine, self._context_builder(engine, settings), req.key,
                        _clean(req.source), req.offset,
-                       [(n, _clean(t)) for n, t in req.others], cancel=ticket.cancel)
+                       [(n, _clean(t)) for n, t in req.others], cancel=ticket.cancel,
+                       roots=req.roots)
         except Exception:
             log.debug("warm prefill failed", exc_info=True)  # only an optimisation
 
     def _context_builder(self, engine: Any, settings: Settings) -> ContextBuilder:
         budget = settings.context_tokens or default_context_tokens(
             engine.context_window, settings.max_tokens)
-        key = (budget, settings.other_documents)
+        key = (budget, settings.workspace_context)
         if self._builder is None or self._builder[0] != key or self._builder[2]() is not engine:
             count = weakref.WeakMethod(engine.count_tokens)  # weak: a reload frees the old engine
             self._builder = key, ContextBuilder(lambda text: count()(text), budget,
                                                 fim_tokens=engine.fim_tokens,
-                                                other_documents=settings.other_documents), \
+                                                workspace_context=settings.workspace_context), \
                 weakref.ref(engine)
         return self._builder[1]

@@ -221,21 +221,20 @@ class CodespecServer(LanguageServer):
         # Text bound for the tokenizer: a lone surrogate in one document must not break
         # completions everywhere (`clean` keeps offsets).
         docs = self.workspace.text_documents
-        others = [(_name(u), documents.clean(d.source)) for u, d in docs.items() if d is not doc]
+        others = [(u, documents.clean(d.source)) for u, d in docs.items() if d is not doc]
+        roots = [f.uri for f in self.workspace.folders.values()] or \
+            ([self.workspace.root_uri] if self.workspace.root_uri else [])
         # The request id and position as the client sent them: the scheduler's debug line
         # per request names them, so a client's log can be matched line for line.
         return CompletionRequest(uri, documents.clean(doc.source), offset,
-                                 others[:MAX_OTHER_DOCUMENTS], request_id=self.protocol.msg_id,
+                                 others[:MAX_OTHER_DOCUMENTS], roots=roots,
+                                 request_id=self.protocol.msg_id,
                                  position=(position.line, position.character))
 
 
 def _unquote(uri: str) -> str:
     from urllib.parse import unquote
     return unquote(uri)
-
-
-def _name(uri: str) -> str:
-    return uri.rsplit("/", 1)[-1]
 
 
 def _supports_progress(ls: LanguageServer) -> bool:

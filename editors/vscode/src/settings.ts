@@ -28,7 +28,7 @@ export interface ExtensionSettings {
   maxTokens: number | null;
   debounceMs: number | null;
   contextTokens: number | null;
-  otherDocuments: boolean;
+  workspaceContext: boolean;
   minConfidence: number | null;
   copyWeight: number | null;
   remote: string | null;
@@ -50,7 +50,7 @@ export type ServerSettings = Partial<{
   maxTokens: number;
   debounceMs: number;
   contextTokens: number;
-  otherDocuments: boolean;
+  workspaceContext: boolean;
   minConfidence: number;
   copyWeight: number;
   remote: string;
@@ -93,7 +93,7 @@ export function readSettings(cfg: ConfigLike): ExtensionSettings {
     maxTokens: int(cfg.get('maxTokens')),
     debounceMs: int(cfg.get('debounceMs')),
     contextTokens: int(cfg.get('contextTokens')),
-    otherDocuments: cfg.get<boolean>('otherDocuments') === true,
+    workspaceContext: cfg.get<boolean>('workspaceContext') === true,
     minConfidence: num(cfg.get('minConfidence')),
     copyWeight: num(cfg.get('copyWeight')),
     remote: text(cfg.get('remote')),
@@ -106,7 +106,7 @@ export function readSettings(cfg: ConfigLike): ExtensionSettings {
 /** The server-side keys, in the order they are sent. */
 export const SERVER_KEYS = [
   'enable', 'preset', 'draft', 'target', 'device', 'dtype', 'allowDownload', 'trustRemoteCode',
-  'maxTokens', 'debounceMs', 'contextTokens', 'otherDocuments', 'minConfidence', 'copyWeight',
+  'maxTokens', 'debounceMs', 'contextTokens', 'workspaceContext', 'minConfidence', 'copyWeight',
   'remote', 'remoteModel', 'apiKeyEnv', 'logLevel',
 ] as const;
 

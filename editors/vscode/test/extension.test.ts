@@ -39,7 +39,7 @@ afterEach(async () => {
 const context = () => ({ subscriptions: [] as { dispose(): unknown }[] }) as any;
 const settle = () => new Promise((r) => setTimeout(r, 20));
 const neverCancelled = { isCancellationRequested: false };
-const offSwitches = { allowDownload: false, trustRemoteCode: false, otherDocuments: false };
+const defaultSwitches = { allowDownload: false, trustRemoteCode: false, workspaceContext: false };
 
 test('activation starts the configured server with the settings as initializationOptions', async () => {
   await ext.activate(context());
@@ -50,7 +50,7 @@ test('activation starts the configured server with the settings as initializatio
     args: ['serve', '--log-file', '/tmp/codespec.log'],
   });
   assert.deepEqual(client.clientOptions.initializationOptions(), {
-    enable: true, device: 'cpu', preset: 'tiny', allowDownload: false, trustRemoteCode: false, otherDocuments: false,
+    enable: true, device: 'cpu', preset: 'tiny', allowDownload: false, trustRemoteCode: false, workspaceContext: false,
   });
   assert.deepEqual(client.clientOptions.documentSelector, [
     { scheme: 'file', language: 'python' },
@@ -81,7 +81,7 @@ test('toggle writes the setting, tells the server, and stops asking it for compl
   assert.deepEqual(vscode.updates, [['enable', false, 1]]);
   assert.deepEqual(client.notifications.at(-1), [
     'workspace/didChangeConfiguration',
-    { settings: { enable: false, device: 'cpu', preset: 'tiny', ...offSwitches } },
+    { settings: { enable: false, device: 'cpu', preset: 'tiny', ...defaultSwitches } },
   ]);
   assert.equal(vscode.statusItem.text, '$(circle-slash) codespec');
   let asked = false;
@@ -117,7 +117,7 @@ test('a new server path restarts the server; a model setting only reconfigures i
   assert.equal(FakeClient.instances.length, 1);
   assert.deepEqual(first.notifications.at(-1), [
     'workspace/didChangeConfiguration',
-    { settings: { enable: true, device: 'cpu', preset: 'tiny', maxTokens: 32, ...offSwitches } },
+    { settings: { enable: true, device: 'cpu', preset: 'tiny', maxTokens: 32, ...defaultSwitches } },
   ]);
   // The executable: the old server stops, a new one starts with the new command.
   vscode.config['server.path'] = '/other/codespec-lsp';

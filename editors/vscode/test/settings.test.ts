@@ -30,7 +30,7 @@ const defaults = {
   dtype: null,
   allowDownload: false,
   trustRemoteCode: false,
-  otherDocuments: false,
+  workspaceContext: false,
   minConfidence: null,
   copyWeight: null,
   remote: null,
@@ -39,13 +39,13 @@ const defaults = {
   logLevel: null,
 };
 
-const offSwitches = { allowDownload: false, trustRemoteCode: false, otherDocuments: false };
+const defaultSwitches = { allowDownload: false, trustRemoteCode: false, workspaceContext: false };
 
 test('defaults start `codespec-lsp serve` and tell the server only enable, device and the switches', () => {
   const s = readSettings(config(defaults));
   assert.deepEqual(serverCommand(s), { command: 'codespec-lsp', args: ['serve'] });
   // The switches always go, so turning one off later reaches a server started with it on.
-  assert.deepEqual(serverSettings(s), { enable: true, device: 'auto', ...offSwitches });
+  assert.deepEqual(serverSettings(s), { enable: true, device: 'auto', ...defaultSwitches });
 });
 
 test('every server setting goes under its own key', () => {
@@ -55,7 +55,7 @@ test('every server setting goes under its own key', () => {
       dtype: 'bfloat16',
       allowDownload: true,
       trustRemoteCode: true,
-      otherDocuments: true,
+      workspaceContext: true,
       minConfidence: 0.35,
       copyWeight: 0,
       remote: 'http://127.0.0.1:8000/v1',
@@ -70,7 +70,7 @@ test('every server setting goes under its own key', () => {
     dtype: 'bfloat16',
     allowDownload: true,
     trustRemoteCode: true,
-    otherDocuments: true,
+    workspaceContext: true,
     minConfidence: 0.35,
     copyWeight: 0,
     remote: 'http://127.0.0.1:8000/v1',
@@ -103,7 +103,7 @@ test('set values become initializationOptions in the server\'s camelCase keys', 
     maxTokens: 64,
     debounceMs: 0,
     contextTokens: 1024,
-    ...offSwitches,
+    ...defaultSwitches,
   });
 });
 
@@ -111,7 +111,7 @@ test('the server never receives keys it does not know (it reports them as errors
   const s = readSettings(config({ ...defaults, preset: 'tiny', 'server.args': ['--log-file', 'x'] }));
   const known = [
     'enable', 'preset', 'draft', 'target', 'device', 'dtype', 'allowDownload', 'trustRemoteCode',
-    'maxTokens', 'debounceMs', 'contextTokens', 'otherDocuments', 'minConfidence', 'copyWeight',
+    'maxTokens', 'debounceMs', 'contextTokens', 'workspaceContext', 'minConfidence', 'copyWeight',
     'remote', 'remoteModel', 'apiKeyEnv', 'logLevel',
   ];
   for (const key of Object.keys(serverSettings(s))) assert.ok(known.includes(key), key);

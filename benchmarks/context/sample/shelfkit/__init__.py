@@ -1,0 +1,1 @@
+"""shelfkit: a small library-loans package, written for `codespec-lsp bench context`."""

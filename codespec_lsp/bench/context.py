@@ -1,0 +1,148 @@
+"""`codespec-lsp bench context`: what workspace context gains, CrossCodeEval-style.
+
+Points are lines of a package that use a name the file imports from a sibling module
+(`from .models import Config` ... `cfg = Config(...)`), the cursor after the line's indentation.
+Each is asked through `complete.complete_at`, what an editor gets, as an editor would: the file
+as it stood while that line was typed (the rest of the line not there yet), the other modules of
+the package open, the package folder the workspace root; once with `workspaceContext` and once
+without, each point a fresh document (no cut carried over).
+
+Fields, for each of "with_context" and "without_context":
+  points              completion points asked
+  exact_line          the suggestion's first line equals the rest of the real line
+  edit_similarity     mean difflib ratio of first line vs rest of the real line (0: nothing shown)
+  prefix_match_chars  mean common prefix of suggestion and real text, in characters
+  name_hit            the suggestion's first line uses the imported name the real line uses
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from codespec_lsp.bench.quality import Point, score
+from codespec_lsp.completion.complete import complete_at
+from codespec_lsp.completion.context import ContextBuilder
+from codespec_lsp.completion.workspace import imported_names, resolve_module
+from codespec_lsp.config import Settings, default_context_tokens
+
+SAMPLE = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "context" / "sample"
+FIELDS = ("points", "exact_line", "edit_similarity", "prefix_match_chars", "name_hit")
+MAX_FILE_CHARS = 200_000
+
+
+@dataclass(frozen=True)
+class ContextPoint:
+    point: Point
+    names: tuple[str, ...]  # the imported names the real line uses
+
+
+def siblings(path: Path, text: str, package: Path) -> tuple[set[str], list[Path]]:
+    """(names `text` imports from modules of the package, not installed ones; those modules)."""
+    names, files = set(), []
+    for level, module, imported in imported_names(text):
+        found = [c for c in resolve_module(level, module, path, (package,))
+                 if c.is_file() and c.is_relative_to(package)]
+        if found:
+            names.update(imported)
+            files.append(found[0])
+    return names, list(dict.fromkeys(files))
+
+
+def context_points(package: Path, n: int, seed: int = 0) -> list[ContextPoint]:
+    """`n` points (seeded), at most a third from one file, so one big module does not decide."""
+    rng = random.Random(seed)
+    by_file: list[list[ContextPoint]] = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if len(text) > MAX_FILE_CHARS:
+            continue
+        names = siblings(path, text, package)[0]
+        if not names:
+            continue
+        word = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names))) + r")(?!\w)")
+        import_spans = [m.span() for m in re.finditer(r"^[ \t]*(from|import)[ \t][^\n(]*(\([^)]*\))?",
+                                                        text, re.M)]
+        found, offset = [], 0
+        for line in text.split("\n"):
+            code = line.strip()
+            indent = len(line) - len(line.lstrip())
+            at = offset + indent
+            used = tuple(dict.fromkeys(word.findall(line)))
+            if (used and code and not code.startswith(("#", "from ", "import ", "@", '"', "'"))
+                    and not any(a <= at < b for a, b in import_spans)):
+                found.append(ContextPoint(Point(str(path), text, at, "line_start"), used))
+            offset += len(line) + 1
+        rng.shuffle(found)
+        if found:
+            by_file.append(found)
+    rng.shuffle(by_file)
+    cap = max(n // 3, 1)
+    picked = [p for pts in by_file for p in pts[:cap]]
+    rng.shuffle(picked)
+    return picked[:n]
+
+
+def _name_hit(cp: ContextPoint, suggestion: str | None) -> bool:
+    first = (suggestion or "").split("\n", 1)[0]
+    return any(re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", first) for name in cp.names)
+
+
+def summarize(rows: list[dict]) -> dict:
+    n = len(rows)
+
+    def mean(key: str) -> float:
+        return sum(float(r[key]) for r in rows) / n if n else 0.0
+    return {"points": n, "exact_line": round(mean("exact"), 4),
+            "edit_similarity": round(mean("similarity"), 4),
+            "prefix_match_chars": round(mean("prefix"), 2), "name_hit": round(mean("name_hit"), 4)}
+
+
+def context_bench(engine, package: str | Path | None = None, points: int = 40, seed: int = 0,
+                  copy_weight: float | None = None, modes: tuple[bool, ...] = (True, False)) -> dict:
+    """The FIELDS with and without workspace context, on the same points."""
+    root = Path(package).resolve() if package else SAMPLE
+    pts = context_points(root, points, seed)
+    if not pts:
+        raise SystemExit(f"no line under {root} uses a name imported from a sibling module")
+    settings = Settings()
+    budget = default_context_tokens(engine.context_window, settings.max_tokens)
+    out: dict = {"package": str(root), "seed": seed}
+    for on in modes:
+        builder = ContextBuilder(engine.count_tokens, budget, fim_tokens=engine.fim_tokens,
+                                 workspace_context=on)
+        rows = []
+        for i, cp in enumerate(pts):
+            key = Path(cp.point.path).as_uri()
+            path = Path(cp.point.path)
+            # The modules the file imports from are the ones open beside it (the server sends
+            # at most 8 other documents).
+            others = [(f.as_uri(), f.read_text(encoding="utf-8", errors="replace"))
+                      for f in siblings(path, cp.point.source, root)[1] if f != path][:8]
+            _, text = complete_at(engine, builder, key, cp.point.document, cp.point.offset,
+                                  max_tokens=settings.max_tokens, others=others,
+                                  roots=[root.as_uri()], copy_weight=copy_weight)
+            builder.forget(key)  # a fresh document per point: no cut carried over
+            rows.append({**score(cp.point, text), "name_hit": _name_hit(cp, text)})
+            print(f"context={on} {i + 1}/{len(pts)} {rows[-1]}", file=sys.stderr, flush=True)
+        out["with_context" if on else "without_context"] = summarize(rows)
+    return out
+
+
+def run_context_bench(args) -> int:
+    from codespec_lsp.engine import load_engine
+    engine = load_engine(preset=args.preset, draft=args.draft, target=args.target,
+                         device=args.device, dtype=args.dtype, allow_download=args.allow_download,
+                         trust_remote_code=args.trust_remote_code)
+    result = context_bench(engine, package=args.package, points=args.points,
+                           copy_weight=args.copy_weight)
+    text = json.dumps(result, indent=2)
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(text + "\n")
+    print(text)
+    return 0

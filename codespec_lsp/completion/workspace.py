@@ -1,0 +1,314 @@
+"""Context beyond the current file: the definitions of the names a file imports from the workspace.
+
+A small model writing `x = load_config(path)` needs `def load_config(path: str) -> Config:` far
+more than the text windows most like the lines above (those measured worse than nothing: see
+bench/context.py). So the names the file imports with `from M import a, b` are resolved to the
+module's file, found first among the open documents, then on disk under the workspace roots, and
+each one's header (decorators, signature, first docstring line; for a class also its fields and
+method signatures) is put before the file in the prompt.
+
+Promises:
+- Disk reads stay inside the workspace roots (a symlink pointing out of them is not followed),
+  skip what a `.gitignore` in a root or between it and the file ignores, binary files and files
+  over MAX_FILE_BYTES; at most MAX_DISK_FILES files and TIME_BUDGET_S per call.
+- Open documents win over disk: an unsaved edit is what the user sees.
+- Knows nothing of tokens or LSP types; called once per prompt cut, not per keystroke.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import fnmatch
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+from urllib.parse import unquote, urlparse
+
+MAX_FILE_BYTES = 512_000
+MAX_DISK_FILES = 32
+TIME_BUDGET_S = 0.15
+REEXPORT_DEPTH = 3      # `from .types import X` where types/__init__.py imports X from elsewhere
+MAX_METHODS = 8         # per class: the signatures a call on an instance most likely needs
+MAX_FIELDS = 12
+MAX_LINE_CHARS = 160
+_SKIP_DIRS = {".git", "__pycache__", "node_modules", ".hg", ".svn"}
+IMPORT_STATEMENT = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)", re.M)
+
+
+def to_path(name: str) -> Path | None:
+    """A document key (file:// URI or plain path) as an absolute path; None for other schemes."""
+    if name.startswith("file:"):
+        return Path(os.path.normpath(unquote(urlparse(name).path)))
+    if re.match(r"^[A-Za-z][\w+.-]*:", name) and not re.match(r"^[A-Za-z]:[\\/]", name):
+        return None  # untitled:, vscode-notebook-cell: ... have no place on disk
+    return Path(os.path.abspath(name))
+
+
+def imported_names(source: str) -> list[tuple[int, str, list[str]]]:
+    """(level, module, names) of each `from M import names` (relative: level = number of dots).
+    Read with a regex, not ast: the file being typed rarely parses."""
+    out = []
+    for m in IMPORT_STATEMENT.finditer(source):
+        names = []
+        for part in m.group(3).strip("()").replace("\n", ",").split(","):
+            part = part.split("#")[0].strip()
+            words = part.split()
+            if words and words[0] != "*" and words[0].isidentifier():
+                names.append(words[0])  # `a as b`: the definition is found under `a`
+        if names:
+            out.append((len(m.group(1)), m.group(2), names))
+    return out
+
+
+class GitIgnore:
+    """The `.gitignore` patterns of one folder, read the simple way (fnmatch, last match wins,
+    `!` re-includes, a trailing `/` matches folders, a `/` inside anchors to the folder)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.rules: list[tuple[bool, bool, bool, str]] = []
+        try:
+            text = (folder / ".gitignore").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return
+        for line in text.splitlines():
+            line = line.rstrip()
+            if not line or line.startswith("#"):
+                continue
+            negate = line.startswith("!")
+            line = line[1:] if negate else line
+            folder_only = line.endswith("/")
+            line = line.rstrip("/")
+            anchored = "/" in line
+            self.rules.append((negate, folder_only, anchored, line.lstrip("/")))
+
+    def ignored(self, rel: Sequence[str]) -> bool:
+        """`rel`: the parts of a file's path below this folder."""
+        verdict = False
+        for negate, folder_only, anchored, pattern in self.rules:
+            for i in range(len(rel)):
+                if folder_only and i == len(rel) - 1:
+                    continue
+                subject = "/".join(rel[:i + 1]) if anchored else rel[i]
+                if fnmatch.fnmatchcase(subject, pattern):
+                    verdict = not negate
+                    break
+        return verdict
+
+
+@dataclass
+class _Budget:
+    deadline: float
+    disk_files: int = 0
+
+    def spent(self) -> bool:
+        return self.disk_files >= MAX_DISK_FILES or time.monotonic() > self.deadline
+
+
+@dataclass
+class WorkspaceSource:
+    """Module files by path: open documents, else bounded reads under the roots. Parsed modules
+    are kept (by path and mtime/size or text) so a re-cut does not parse them again."""
+
+    roots: tuple[Path, ...] = ()
+    _ignores: dict[Path, GitIgnore] = field(default_factory=dict)
+    _parsed: dict[tuple, "_Module | None"] = field(default_factory=dict)
+
+    def set_roots(self, roots: Iterable[str]) -> None:
+        real = tuple(Path(os.path.realpath(p)) for r in roots if (p := to_path(r)) is not None)
+        if real != self.roots:
+            self.roots, self._ignores = real, {}
+
+    def _root_of(self, path: Path) -> Path | None:
+        real = Path(os.path.realpath(path))  # follows links: one out of the roots lands outside
+        for root in self.roots:
+            if real == root or root in real.parents:
+                return root
+        return None
+
+    def _ignored(self, root: Path, path: Path) -> bool:
+        rel = path.relative_to(root).parts
+        if any(part in _SKIP_DIRS for part in rel):
+            return True
+        folder = root
+        for depth in range(len(rel)):
+            if folder not in self._ignores:
+                self._ignores[folder] = GitIgnore(folder)
+            if self._ignores[folder].ignored(rel[depth:]):
+                return True
+            folder = folder / rel[depth]
+        return False
+
+    def module(self, path: Path, open_docs: dict[Path, str], budget: _Budget) -> "_Module | None":
+        if path in open_docs:
+            text = open_docs[path]
+            return self._parse(("open", path, hash(text)), text)
+        if budget.spent():
+            return None
+        root = self._root_of(path)
+        abs_path = Path(os.path.abspath(path))
+        if root is None or not abs_path.is_relative_to(root) or self._ignored(root, abs_path):
+            return None
+        try:
+            st = path.stat()
+            if not path.is_file() or st.st_size > MAX_FILE_BYTES:
+                return None
+            key = ("disk", path, st.st_mtime_ns, st.st_size)
+            if key in self._parsed:
+                return self._parsed[key]
+            budget.disk_files += 1
+            data = path.read_bytes()
+        except OSError:
+            return None
+        if b"\0" in data[:8192]:
+            return None  # binary
+        return self._parse(key, data.decode("utf-8", errors="replace"))
+
+    def _parse(self, key: tuple, text: str) -> "_Module | None":
+        if key not in self._parsed:
+            if len(self._parsed) > 256:
+                self._parsed.clear()
+            self._parsed[key] = _Module.parse(text)
+        return self._parsed[key]
+
+
+@dataclass
+class _Module:
+    stubs: dict[str, str]                       # top-level name -> its header text
+    reexports: dict[str, tuple[int, str, str]]  # name -> (level, module, name there)
+
+    @classmethod
+    def parse(cls, text: str) -> "_Module | None":
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError):
+            return None
+        lines = text.splitlines()
+        stubs: dict[str, str] = {}
+        reexports: dict[str, tuple[int, str, str]] = {}
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                stubs[node.name] = _stub(node, lines)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.end_lineno == node.lineno:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        stubs[t.id] = _clip(lines[node.lineno - 1])
+            elif isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    reexports[alias.asname or alias.name] = (node.level, node.module or "",
+                                                             alias.name)
+        return cls(stubs, reexports)
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS - 3] + "..."
+
+
+def _header(node: ast.AST, indent: str = "") -> list[str]:
+    """Decorators and the signature on one line (ast.unparse: a signature spread over lines costs
+    tokens for nothing), then the first docstring line."""
+    bare = copy.copy(node)
+    bare.body = [ast.Expr(ast.Constant(...))]
+    out = [_clip(indent + line) for line in ast.unparse(bare).splitlines()[:-1]]
+    doc = ast.get_docstring(node, clean=True)
+    if doc and doc.strip():
+        out.append(_clip(f'{indent}    """{doc.strip().splitlines()[0].strip()}"""'))
+    return out
+
+
+def _stub(node: ast.AST, lines: list[str]) -> str:
+    out = _header(node)
+    if isinstance(node, ast.ClassDef):
+        fields, methods = [], []
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and item.lineno == item.end_lineno:
+                fields.append(_clip("    " + lines[item.lineno - 1].strip()))
+            elif (isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and (not item.name.startswith("_") or item.name == "__init__")):
+                methods.append(item)
+        out += fields[:MAX_FIELDS]
+        for item in methods[:MAX_METHODS]:
+            out += _header(item, "    ")
+            out.append("        ...")
+    else:
+        out.append("    ...")
+    return "\n".join(out)
+
+
+def resolve_module(level: int, module: str, current: Path | None, roots: Sequence[Path]
+                   ) -> list[Path]:
+    """Candidate files for `from <level dots><module> import ...` in the file `current`."""
+    parts = [p for p in module.split(".") if p]
+    bases: list[Path] = []
+    if level and current is not None:
+        base = current.parent
+        for _ in range(level - 1):
+            base = base.parent
+        bases.append(base)
+    elif parts:
+        if current is not None:
+            # The top of the package `current` is in (folders with __init__.py), then its parent:
+            # a package checked out anywhere in the workspace resolves its own absolute imports.
+            top = current.parent
+            while (top.parent / "__init__.py").exists() and top.parent != top:
+                top = top.parent
+            bases.append(top.parent)
+        for root in roots:
+            bases += [root, root / "src"]
+    out = []
+    for base in bases:
+        target = base.joinpath(*parts) if parts else base
+        out += [target.with_suffix(".py") if parts else target / "__init__.py",
+                target / "__init__.py"]
+    return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class Definition:
+    name: str
+    path: Path     # the file it is defined in
+    text: str      # its header: what the prompt shows
+
+
+def _find(source: WorkspaceSource, level: int, module: str, name: str, current: Path | None,
+          open_docs: dict[Path, str], budget: _Budget, depth: int = 0) -> Definition | None:
+    for path in resolve_module(level, module, current, source.roots):
+        mod = source.module(path, open_docs, budget)
+        if mod is None:
+            continue
+        if name in mod.stubs:
+            return Definition(name, path, mod.stubs[name])
+        if name in mod.reexports and depth < REEXPORT_DEPTH:
+            lv, m, there = mod.reexports[name]
+            return _find(source, lv, m, there, path, open_docs, budget, depth + 1)
+        sub = path.parent / name
+        for sub_path in (sub.with_suffix(".py"), sub / "__init__.py"):
+            if path.name == "__init__.py" and (found := source.module(sub_path, open_docs, budget)):
+                # `from pkg import submodule`: its top-level signatures, first line each
+                heads = [s.splitlines()[0] for s in found.stubs.values()
+                         if s.lstrip().startswith(("def ", "async def ", "class ", "@"))]
+                if heads:
+                    return Definition(name, sub_path, "\n".join(heads[:MAX_METHODS * 2]))
+        return None
+    return None
+
+
+def import_definitions(source: WorkspaceSource, text: str, current: Path | None,
+                       open_docs: dict[Path, str]) -> list[Definition]:
+    """The definitions of the names `text` imports from workspace modules, in import order;
+    names found in no open document nor workspace file (the standard library, installed
+    packages) are left out."""
+    budget = _Budget(time.monotonic() + TIME_BUDGET_S)
+    out: list[Definition] = []
+    seen: set[tuple[Path, str]] = set()
+    for level, module, names in imported_names(text):
+        for name in names:
+            found = _find(source, level, module, name, current, open_docs, budget)
+            if found is not None and (found.path, found.name) not in seen and found.path != current:
+                seen.add((found.path, found.name))
+                out.append(found)
+    return out

@@ -1,0 +1,200 @@
+"""Workspace context (issue 27): the definitions of imported names, before the file, fixed at the
+cut; bounded, root-confined disk reads."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from codespec_lsp.bench.context import context_points, siblings, SAMPLE
+from codespec_lsp.completion.context import CONTEXT_SHARE, ContextBuilder
+from codespec_lsp.completion.workspace import imported_names
+from codespec_lsp.config import normalize
+
+from test_context import CountingTokenizer
+
+MODELS = '''from dataclasses import dataclass
+
+@dataclass
+class Config:
+    """Where and how to serve."""
+    host: str
+    port: int = 8080
+
+    def url(self, path: str) -> str:
+        """The address of `path` on this server."""
+        return f"http://{self.host}:{self.port}{path}"
+
+    def _private(self):
+        pass
+
+def load_config(path: str) -> Config:
+    """Reads a Config from a TOML file."""
+    return Config("x")
+
+RETRIES = 3
+'''
+MAIN = "import os\nfrom collections import deque\nfrom .models import Config, load_config, RETRIES\n\n\ndef run(path):\n    cfg = "
+
+
+def package(tmp_path: Path) -> Path:
+    pkg = tmp_path / "ws" / "app"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models.py").write_text(MODELS)
+    (pkg / "main.py").write_text(MAIN)
+    return pkg
+
+
+def build(b, pkg, src=MAIN, offset=None, others=(), roots=None):
+    key = (pkg / "main.py").as_uri()
+    roots = [(pkg.parent).as_uri()] if roots is None else roots
+    return b.build(key, src, len(src) if offset is None else offset, others, roots)
+
+
+def test_imported_names_reads_parenthesised_and_aliased_imports():
+    src = "from .a import (x,\n    y as z,  # c\n)\nfrom ..b.c import w\nimport os\nfrom d import *\n"
+    assert imported_names(src) == [(1, "a", ["x", "y"]), (2, "b.c", ["w"])]
+
+
+def test_definitions_from_disk_go_before_the_file(tmp_path):
+    pkg = package(tmp_path)
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
+    head, _, rest = p.text.partition("import os")
+    assert rest.endswith("cfg = ") and p.prefix == MAIN
+    assert head.startswith("# app/models.py\n")
+    assert "def load_config(path: str) -> Config:\n    \"\"\"Reads a Config from a TOML file.\"\"\"" in head
+    assert "class Config:" in head and "    port: int = 8080" in head
+    assert "    def url(self, path: str) -> str:" in head and "_private" not in head
+    assert "RETRIES = 3" in head
+    assert "return Config" not in head  # signatures, not bodies
+
+
+def test_open_document_wins_over_disk(tmp_path):
+    pkg = package(tmp_path)
+    edited = MODELS.replace("def load_config(path: str)", "def load_config(path: str, strict: bool)")
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg,
+              others=[((pkg / "models.py").as_uri(), edited)])
+    assert "def load_config(path: str, strict: bool) -> Config:" in p.text
+
+
+def test_nothing_found_leaves_the_prompt_as_without_context(tmp_path):
+    pkg = package(tmp_path)
+    src = "import os\nfrom collections import deque\n\nx = "
+    on = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg, src)
+    off = build(ContextBuilder(CountingTokenizer(), 400), pkg, src)
+    assert on.text == off.text == src
+
+
+def test_off_reads_nothing(tmp_path):
+    pkg = package(tmp_path)
+    assert build(ContextBuilder(CountingTokenizer(), 400), pkg).text == MAIN
+
+
+def test_no_reads_outside_the_roots(tmp_path):
+    pkg = package(tmp_path)
+    other_root = tmp_path / "elsewhere"
+    other_root.mkdir()
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg,
+              roots=[other_root.as_uri()])
+    assert p.text == MAIN
+
+
+def test_a_link_out_of_the_root_is_not_followed(tmp_path):
+    pkg = package(tmp_path)
+    outside = tmp_path / "secret_models.py"
+    outside.write_text(MODELS)
+    (pkg / "models.py").unlink()
+    os.symlink(outside, pkg / "models.py")
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
+    assert p.text == MAIN
+
+
+@pytest.mark.parametrize("pattern", ["models.py", "app/models.py", "/app/", "*.py\n!main.py"])
+def test_gitignored_files_are_skipped(tmp_path, pattern):
+    pkg = package(tmp_path)
+    (pkg.parent / ".gitignore").write_text(pattern + "\n")
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
+    assert p.text == MAIN
+
+
+def test_a_negated_pattern_keeps_the_file(tmp_path):
+    pkg = package(tmp_path)
+    (pkg.parent / ".gitignore").write_text("*.py\n!models.py\n")
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
+    assert "def load_config" in p.text
+
+
+def test_binary_files_are_skipped(tmp_path):
+    pkg = package(tmp_path)
+    (pkg / "models.py").write_bytes(MODELS.encode() + b"\0\1\2")
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
+    assert p.text == MAIN
+
+
+def test_context_stays_within_its_share_and_the_prompt_within_budget(tmp_path):
+    pkg = package(tmp_path)
+    many = "".join(f"def helper_{i}(a, b, c):\n    \"\"\"Helper number {i}.\"\"\"\n\n" for i in range(200))
+    (pkg / "models.py").write_text(many)
+    names = ", ".join(f"helper_{i}" for i in range(200))
+    src = f"from .models import ({names})\n\n" + "x = 1\n" * 300 + "y = "
+    tok = CountingTokenizer()
+    b = ContextBuilder(tok, 400, workspace_context=True)
+    p = build(b, pkg, src)
+    context = p.text[:len(p.text) - len(p.prefix)]
+    assert "def helper_" in context
+    assert tok(context) <= 400 * CONTEXT_SHARE and tok(p.text) <= 400
+
+
+def test_context_is_kept_while_typing_and_refreshed_at_the_next_cut(tmp_path):
+    """KV reuse: each keystroke's prompt extends the last one; an edit of another document is
+    seen at the next cut, not before."""
+    pkg = package(tmp_path)
+    tok = CountingTokenizer()
+    b = ContextBuilder(tok, 400, workspace_context=True)
+    src = MAIN
+    first = build(b, pkg, src)
+    (pkg / "models.py").write_text(MODELS.replace("(path: str)", "(path: str, strict: bool)"))
+    for ch in "load_config(path)":
+        src += ch
+        p = build(b, pkg, src)
+        assert p.text.startswith(first.text) and p.cut == first.cut
+    assert "strict" not in p.text
+    src = src + "\n" + "    x = 1\n" * 400 + "    y = "  # outgrows the budget: a re-cut
+    again = build(b, pkg, src)
+    assert again.cut > 0 and "def load_config(path: str, strict: bool)" in again.text
+
+
+def test_old_setting_name_is_accepted_for_the_new_one():
+    assert normalize({"otherDocuments": False})[0] == {"workspace_context": False}
+    assert normalize({"workspaceContext": True})[0] == {"workspace_context": True}
+
+
+def test_bench_points_use_a_sibling_name_at_the_line_start():
+    pts = context_points(SAMPLE, 30)
+    assert 15 <= len(pts) <= 30  # at most a third (10) from one file
+    for cp in pts:
+        line = cp.point.source[cp.point.offset:].split("\n", 1)[0]
+        assert cp.names and all(n in line for n in cp.names)
+        assert cp.point.source[:cp.point.offset].split("\n")[-1].strip() == ""
+    names, files = siblings(SAMPLE / "shelfkit" / "desk.py",
+                            (SAMPLE / "shelfkit" / "desk.py").read_text(), SAMPLE)
+    assert {"Catalog", "fee_cents", "Loan"} <= names and "date" not in names
+    assert {f.name for f in files} == {"errors.py", "fees.py", "models.py", "store.py"}
+
+
+def test_server_request_carries_the_workspace_folders_and_other_documents_by_uri():
+    """The lsp seam: `initialize`'s folders reach the prompt builder, other documents keep their
+    URI (their path is how an import finds them)."""
+    from lsprotocol import types
+    from codespec_lsp.lsp import documents
+    from codespec_lsp.lsp.server import build_server
+
+    server = build_server(loader=lambda settings: None)
+    folder = types.WorkspaceFolder(uri="file:///ws/proj", name="proj")
+    server.protocol._workspace = documents.Workspace("file:///ws/proj", workspace_folders=[folder])
+    for uri, text in (("file:///ws/proj/app/main.py", MAIN), ("file:///ws/proj/app/models.py", MODELS)):
+        server.workspace.put_text_document(types.TextDocumentItem(uri, "python", 1, text))
+    req = server.request_for("file:///ws/proj/app/main.py", types.Position(6, 10))
+    assert req.roots == ["file:///ws/proj"]
+    assert [uri for uri, _ in req.others] == ["file:///ws/proj/app/models.py"]
