@@ -43,7 +43,7 @@ e2e-state:
 
 # A real vLLM in .venv-vllm for tests/test_vllm_e2e.py, only with CODESPEC_VLLM=1 (CI sets it);
 # quick once installed.
-vllm-state:
+vllm-state: $(PY_STAMP)
 	@bash scripts/setup.sh vllm
 
 # Try again after a failed install (make test does not retry one by itself).

@@ -107,6 +107,10 @@ setup_vllm() {
   if ! bash scripts/serve_vllm.sh --install-only; then
     echo "WARNING: the vLLM install failed; tests/test_vllm_e2e.py will skip" >&2
   fi
+  # vLLM also serves the real model (smol) in exact mode: fetched once into the user's cache.
+  if ! .venv/bin/codespec-lsp fetch smol >/dev/null; then
+    echo "WARNING: codespec-lsp fetch smol failed; the smol vLLM test will skip" >&2
+  fi
 }
 
 case "${1:-all}" in
