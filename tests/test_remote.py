@@ -223,17 +223,24 @@ def test_cancel_closes_the_stream_and_the_server_stops(how):
         b.close()
 
 
-def test_a_new_request_for_the_same_document_closes_the_old_stream():
+def test_a_stale_requests_cancel_token_closes_its_stream():
+    """The backend has no supersede of its own (lsp/supersede.py owns "this request is stale"):
+    the token the scheduler sets closes the stream, and a second request for the same document
+    does not touch the first unless its token says so."""
     with slow_fake() as fake:
         b = backend_for(fake)
-        first = b.generate([BOS, 3], max_new_tokens=500, key="file:///a.py")
+        stale = CancelToken()
+        first = b.generate([BOS, 3], max_new_tokens=500, key="file:///a.py", cancel=stale)
         next(first)
         other = b.generate([BOS, 4], max_new_tokens=2, key="file:///b.py")
         second = b.generate([BOS, 3, 4], max_new_tokens=3, key="file:///a.py")
-        assert first.result.stop_reason == "stop" and list(first) == []
+        assert b.in_flight() == 3
+        stale.cancel()
+        assert list(first) == [] and first.result.cancelled
         assert list(second) == next_tokens([BOS, 3, 4], 3)
         assert list(other) == next_tokens([BOS, 4], 2)
         assert until(lambda: fake.state.aborted == 1) and fake.state.finished == 2
+        assert until(lambda: b.in_flight() == 0)
         b.close()
 
 

@@ -314,7 +314,7 @@ class RemoteBackend:
         self.health = Health(notify, backoff_s)
         self.loop = LoopThread()
         self.ids = RemoteIds(client, self.loop, self.health, tokenizer, tokenizer_loader)
-        self._open: dict[str, RemoteGeneration] = {}
+        self._open: set[RemoteGeneration] = set()   # streams still running, for close()
         self._last_prompt: dict[str, list[int]] = {}   # key -> ids last sent (insertion = age)
         self._open_lock = threading.Lock()
         self.metrics = ServerMetrics(client, self.loop)
@@ -471,7 +471,6 @@ class RemoteBackend:
         copy prior (engine/copy_prior.py) reweighs every step's distribution, which the
         OpenAI-compatible API does not let a client do."""
         ids = self._fit(list(ids), max_new_tokens)
-        self._supersede(key)
         request = None
         if ids and not self.health.waiting():  # backing off: an empty answer at once, no network
             request = dict(prompt=ids, max_tokens=max_new_tokens, temperature=temperature,
@@ -479,19 +478,12 @@ class RemoteBackend:
             if constraint is not None and constraint.rest and self.supports_heal:
                 request["heal"] = constraint
         gen = RemoteGeneration(self, ids, request, cancel, key)
-        if key is not None and request is not None:
+        # Whether this request went stale is the caller's to say (lsp/supersede.py sets `cancel`;
+        # the stream is closed within POLL_S of it): the backend keeps no supersede of its own.
+        if request is not None:
             with self._open_lock:
-                self._open[key] = gen
+                self._open.add(gen)
         return gen
-
-    def _supersede(self, key: str | None) -> None:
-        """The backend's own per-document supersede, kept here in one place: a new generation for
-        `key` closes the one still open for it, so one document never has two server requests in
-        flight (whatever the caller's scheduler decided)."""
-        with self._open_lock:
-            previous = self._open.pop(key, None) if key is not None else None
-        if previous is not None:
-            previous.close()
 
     def _fit(self, ids: list[int], max_new_tokens: int) -> list[int]:
         """Keep the first id (BOS) and the tail when prompt + answer would not fit the window."""
@@ -512,11 +504,8 @@ class RemoteBackend:
         return next((n for n, (a, b) in enumerate(zip(last, ids)) if a != b), min(len(last), len(ids)))
 
     def forget(self, key: str | None, gen: RemoteGeneration) -> None:
-        if key is None:
-            return
         with self._open_lock:
-            if self._open.get(key) is gen:
-                del self._open[key]
+            self._open.discard(gen)
 
     def in_flight(self) -> int:
         with self._open_lock:
@@ -546,7 +535,7 @@ class RemoteBackend:
 
     def close(self) -> None:
         with self._open_lock:
-            open_now = list(self._open.values())
+            open_now = list(self._open)
         for gen in open_now:
             gen.close()
         try:
