@@ -31,6 +31,8 @@ export interface ExtensionSettings {
   workspaceContext: boolean;
   minConfidence: number | null;
   copyWeight: number | null;
+  wordBias: number | null;
+  exact: boolean;
   remote: string | null;
   remoteModel: string | null;
   apiKeyEnv: string | null;
@@ -53,6 +55,8 @@ export type ServerSettings = Partial<{
   workspaceContext: boolean;
   minConfidence: number;
   copyWeight: number;
+  wordBias: number;
+  exact: boolean;
   remote: string;
   remoteModel: string;
   apiKeyEnv: string;
@@ -96,6 +100,8 @@ export function readSettings(cfg: ConfigLike): ExtensionSettings {
     workspaceContext: cfg.get<boolean>('workspaceContext') === true,
     minConfidence: num(cfg.get('minConfidence')),
     copyWeight: num(cfg.get('copyWeight')),
+    wordBias: num(cfg.get('wordBias')),
+    exact: cfg.get<boolean>('exact') === true,
     remote: text(cfg.get('remote')),
     remoteModel: text(cfg.get('remoteModel')),
     apiKeyEnv: text(cfg.get('apiKeyEnv')),
@@ -107,7 +113,7 @@ export function readSettings(cfg: ConfigLike): ExtensionSettings {
 export const SERVER_KEYS = [
   'enable', 'preset', 'draft', 'target', 'device', 'dtype', 'allowDownload', 'trustRemoteCode',
   'maxTokens', 'debounceMs', 'contextTokens', 'workspaceContext', 'minConfidence', 'copyWeight',
-  'remote', 'remoteModel', 'apiKeyEnv', 'logLevel',
+  'wordBias', 'exact', 'remote', 'remoteModel', 'apiKeyEnv', 'logLevel',
 ] as const;
 
 /**

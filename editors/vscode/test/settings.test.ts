@@ -33,13 +33,15 @@ const defaults = {
   workspaceContext: false,
   minConfidence: null,
   copyWeight: null,
+  wordBias: null,
+  exact: false,
   remote: null,
   remoteModel: null,
   apiKeyEnv: null,
   logLevel: null,
 };
 
-const defaultSwitches = { allowDownload: false, trustRemoteCode: false, workspaceContext: false };
+const defaultSwitches = { allowDownload: false, trustRemoteCode: false, workspaceContext: false, exact: false };
 
 test('defaults start `codespec-lsp serve` and tell the server only enable, device and the switches', () => {
   const s = readSettings(config(defaults));
@@ -58,6 +60,8 @@ test('every server setting goes under its own key', () => {
       workspaceContext: true,
       minConfidence: 0.35,
       copyWeight: 0,
+      wordBias: 4,
+      exact: true,
       remote: 'http://127.0.0.1:8000/v1',
       remoteModel: 'codellama',
       apiKeyEnv: 'VLLM_KEY',
@@ -73,6 +77,8 @@ test('every server setting goes under its own key', () => {
     workspaceContext: true,
     minConfidence: 0.35,
     copyWeight: 0,
+    wordBias: 4,
+    exact: true,
     remote: 'http://127.0.0.1:8000/v1',
     remoteModel: 'codellama',
     apiKeyEnv: 'VLLM_KEY',
@@ -112,7 +118,7 @@ test('the server never receives keys it does not know (it reports them as errors
   const known = [
     'enable', 'preset', 'draft', 'target', 'device', 'dtype', 'allowDownload', 'trustRemoteCode',
     'maxTokens', 'debounceMs', 'contextTokens', 'workspaceContext', 'minConfidence', 'copyWeight',
-    'remote', 'remoteModel', 'apiKeyEnv', 'logLevel',
+    'wordBias', 'exact', 'remote', 'remoteModel', 'apiKeyEnv', 'logLevel',
   ];
   for (const key of Object.keys(serverSettings(s))) assert.ok(known.includes(key), key);
 });
