@@ -157,12 +157,19 @@ def test_closing_the_stream_stops_the_servers_generation(remote, vllm_url):
 
 
 def test_superseded_requests_close_their_streams(remote, vllm_url):
-    """Twenty keystrokes, each superseding the last generation of one document."""
+    """Twenty keystrokes, each superseding the last generation of one document: as the scheduler
+    does (lsp/supersede.py), the next keystroke sets the stale request's cancel token and the
+    worker still iterating it stops, which closes its stream."""
     before = server_counters(vllm_url).get("vllm:generation_tokens", 0.0)
     text = POINTS[2]
+    gen = stale = None
     for i in range(20):
+        if gen is not None:
+            stale.cancel()
+            assert list(gen) == []  # the worker sees the token at once and stops
+        stale = CancelToken()
         gen = remote.generate(remote.encode(text + "x" * i), max_new_tokens=1000,
-                              key="file:///typing.py")
+                              key="file:///typing.py", cancel=stale)
         next(gen)  # the stream is running when the next keystroke supersedes it
     gen.close()
     end = time.monotonic() + 30
