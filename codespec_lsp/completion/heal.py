@@ -35,10 +35,6 @@ from typing import Any
 import torch
 from cachetools import LRUCache
 
-# token_texts: each id's text, a fact of the backend's tokenizer (the engine's copy prior reads it
-# too), so it lives with the seam; healing reads it from there.
-from codespec_lsp.engine.api import token_texts  # noqa: F401
-
 _WORD = re.compile(r"\w")
 _IN_RUN = re.compile(r"[\w \t]")  # a character that goes on a word or a run of indentation
 _WORD_CHARS = re.compile(r"\w*")
