@@ -338,7 +338,7 @@ class RemoteBackend:
         return self.ids.token_texts
 
     @property
-    def stop_ids(self) -> set[int]:
+    def stop_ids(self) -> frozenset[int]:
         return self.ids.stop_ids
 
     @property

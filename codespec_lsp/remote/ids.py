@@ -53,6 +53,7 @@ class RemoteIds:
         self.local_tokenizer = tokenizer   # the HF tokenizer when one is at hand here
         self._tokenizer_loader = tokenizer_loader
         self._server_bos: int | None | bool = False   # False: not asked yet
+        self._conventions: tuple[Any, frozenset[int], int | None] | None = None  # (tokenizer, ends, start)
         self.text_warning_given = False
 
     async def probe(self) -> ServerInfo:
@@ -74,12 +75,22 @@ class RemoteIds:
         return token_texts(self.local_tokenizer, len(self.local_tokenizer))
 
     @property
-    def stop_ids(self) -> set[int]:
+    def stop_ids(self) -> frozenset[int]:
         """Every end id the in-process engine stops at (api.end_token_ids), sent as vLLM's
         stop_token_ids: a server stopping at its EOS only would write past `<|endoftext|>`."""
-        if self.local_tokenizer is None:
-            return set()
-        return end_token_ids(self.local_tokenizer, _generation_eos(self.local_tokenizer))
+        return self._local_conventions()[0]
+
+    def _local_conventions(self) -> tuple[frozenset[int], int | None]:
+        """(end ids, document-start id) of the local tokenizer. Read once per tokenizer: every
+        streamed chunk is filtered by the end ids, and the vocabulary walk and the read of
+        generation_config.json behind them cost far more than a chunk."""
+        tok = self.local_tokenizer
+        if tok is None:
+            return frozenset(), None
+        if self._conventions is None or self._conventions[0] is not tok:
+            self._conventions = (tok, frozenset(end_token_ids(tok, _generation_eos(tok))),
+                                 document_start_id(tok))
+        return self._conventions[1], self._conventions[2]
 
     @property
     def fim_tokens(self) -> tuple[str, str, str] | None:
@@ -96,7 +107,7 @@ class RemoteIds:
         """BOS + ids, as the in-process engine does; the server's /tokenize without a tokenizer."""
         if self.local_tokenizer is not None:
             ids = self.local_tokenizer.encode(text, add_special_tokens=False, verbose=False)
-            bos = document_start_id(self.local_tokenizer)  # the in-process engine's start too
+            bos = self._local_conventions()[1]  # the in-process engine's start too
         else:
             try:
                 ids = self.loop.run(self._tokenize(text), timeout=self.client.deadline_s)
