@@ -3,7 +3,8 @@
 What each field means (the README quotes these):
   lossless                      speculative greedy tokens == target-only greedy tokens at every
                                 point, both on the server's path (served(): token healing, the
-                                lean to the document's names, the copy prior at COPY_WEIGHT)
+                                lean to the document's names and the copy prior at the model's
+                                measured weights, as the server runs it)
   acceptance_rate               drafted tokens the target kept / drafted tokens
   tokens_per_target_forward     new tokens / target verify forwards, speculative runs
   speedup                       target-only decode wall / speculative decode wall, same points,
@@ -43,9 +44,8 @@ import torch
 from codespec_lsp.config import Settings, default_context_tokens
 from codespec_lsp.completion.context import ContextBuilder
 from codespec_lsp.engine import hf
-from codespec_lsp.completion.complete import document_words, prompt_ids, run
+from codespec_lsp.completion.complete import document_words, prompt_ids, run, scoring_of
 from codespec_lsp.completion.heal import healing
-from codespec_lsp.engine.copy_prior import COPY_WEIGHT
 from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine.engine import Engine
 from codespec_lsp.stats import percentile
@@ -126,11 +126,14 @@ def _gen(engine: Engine, prompt: str, **options) -> GenerationResult:
 
 
 def served(engine: Engine, prompt: str, **options) -> GenerationResult:
-    """A generation as complete_at asks for it, with the scoring the server applies: the heal
-    backed up, the document's names to lean to, the copy prior at its default weight."""
+    """A generation as complete_at asks for it, under the scoring the server applies to this
+    engine (complete.scoring_of: the model's measured knobs, or none with --exact): the heal
+    backed up, the document's names to lean to, the copy prior."""
+    scoring = scoring_of(engine)
     ids, heal = prompt_ids(engine, prompt)
-    return run(engine.generate(ids, constraint=healing(engine, heal, document_words(prompt, len(prompt), heal)),
-                               copy_weight=COPY_WEIGHT, **options))
+    words = document_words(prompt, len(prompt), heal) if scoring.word_bias > 0 else ()
+    return run(engine.generate(ids, constraint=healing(engine, heal, words, scoring.word_bias),
+                               copy_weight=scoring.copy_weight, **options))
 
 
 def _prefill(engine: Engine, prompt: str, key: str | None = None) -> GenerationResult:

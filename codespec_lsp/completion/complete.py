@@ -6,6 +6,7 @@ prints is what an editor would be shown.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -179,6 +180,17 @@ def run(gen, tokenizer=None, prompt: Sequence[int] = (), stop: Sequence[str] = (
     return gen.result
 
 
+def scoring_of(backend, exact: bool = False, **settings: float | None) -> Scoring:
+    """The scoring a request runs under: the backend's measured knobs (`backend.scoring`,
+    engine/scoring.py; none: the pure target), each overridden by a setting that is not None;
+    `exact` turns the copy prior and the name lean off whatever either says."""
+    measured: Scoring = PURE if exact else getattr(backend, "scoring", PURE)
+    chosen = {k: v for k, v in settings.items() if v is not None}
+    if exact:
+        chosen.update(copy_weight=0.0, word_bias=0.0)
+    return dataclasses.replace(measured, **chosen)
+
+
 def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset: int, *,
                 max_tokens: int, cancel: CancelToken | None = None, speculative: bool = True,
                 others: Sequence[tuple[str, str]] = (), roots: Sequence[str] = (),
@@ -191,12 +203,9 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     (`backend.scoring`, engine/scoring.py; a backend without one runs the pure target).
     `exact`: the target's own output, no copy prior and no name lean, whatever the model or the
     settings say."""
-    scoring: Scoring = PURE if exact else getattr(backend, "scoring", PURE)
-    if exact:
-        copy_weight = word_bias = 0.0
-    copy_weight = scoring.copy_weight if copy_weight is None else copy_weight
-    word_bias = scoring.word_bias if word_bias is None else word_bias
-    min_confidence = scoring.min_confidence if min_confidence is None else min_confidence
+    scoring = scoring_of(backend, exact, copy_weight=copy_weight, word_bias=word_bias,
+                         min_confidence=min_confidence)
+    copy_weight, word_bias = scoring.copy_weight, scoring.word_bias
     prompt = builder.build(key, source, offset, others, roots)
     line_prefix, line_suffix, prev_line = split_line(source, offset)
     mode = decide_mode(line_prefix, line_suffix, prev_line)
@@ -215,7 +224,7 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     if result.cancelled:
         return result, None
     return result, finalize(result.text, line_prefix, prompt.suffix, mode,
-                            logprobs=offsets, min_confidence=min_confidence)
+                            logprobs=offsets, min_confidence=scoring.min_confidence)
 
 
 def prefill_at(backend, builder: ContextBuilder, key: str, source: str, offset: int,
