@@ -57,6 +57,8 @@ def _serve_parser(sub) -> None:
                                        "default: none, a handshake with an Origin header gets 403)"}),
            ("--max-tokens", {"type": int, "default": None}),
            ("--debounce-ms", {"type": int, "default": None}),
+           ("--time-budget-ms", {"type": int, "default": None,
+                                 "help": "show what is written after this long, the rest by typing-through (0: off)"}),
            ("--context-tokens", {"type": int, "default": None, "help": "prefix token budget"}),
            ("--log-file", {"default": None, "help": "also write the log here"}),
            ("--log-level", {"default": None, "choices": ["debug", "info", "warning", "error"],
@@ -97,6 +99,9 @@ def _bench_parsers(sub) -> None:
            ("--keystrokes", {"type": int, "default": 2000}),
            ("--debounce-ms", {"type": int, "default": None, "help": "server debounce (default: its own)"}),
            ("--max-tokens", {"type": int, "default": None, "help": "server max tokens (default: its own)"}),
+           ("--time-budget-ms", {"type": int, "default": None, "help": "server time budget (default: its own)"}),
+           ("--pause-ms", {"type": int, "default": None,
+                           "help": "pause this long at each line's start (after Enter and its indentation)"}),
            json_path)
     _add_remote_flags(bs)
     _flags(bs, ("--clients", {"default": None, "help": "N editors typing at once (or a sweep: 1,2,4), each its own server"}),

@@ -52,6 +52,11 @@ class Settings:
     # Measured with `codespec-lsp bench server` (see README): below the usual gap between
     # keystrokes, so a pause is answered at once, yet long enough to skip bursts of fast typing.
     debounce_ms: int = field(default=60, metadata=_rule(lambda v: 0 <= v <= 5000, "0 to 5000"))
+    # Keystroke to suggestion, at most (about): once this much has passed since the keystroke,
+    # what the model has written so far (whole words) is shown at once and the generation goes
+    # on; its rest answers the next keystroke that types into it (typing-through). 0: wait for
+    # the whole suggestion. Measured with `codespec-lsp bench server --pause-ms` (README).
+    time_budget_ms: int = field(default=250, metadata=_rule(lambda v: 0 <= v <= 60000, "0 to 60000"))
     # Prefix budget in tokens; None sizes it from the model's context window.
     context_tokens: int | None = field(default=None, metadata=_rule(
         lambda v: 16 <= v <= 1_000_000, "16 to 1000000"))
@@ -187,7 +192,7 @@ def from_cli(args: Any) -> dict[str, Any]:
         "dtype": "dtype", "allow_download": "allow_download",
         "trust_remote_code": "trust_remote_code", "max_tokens": "max_tokens",
         "debounce_ms": "debounce_ms", "context_tokens": "context_tokens",
-        "remote": "remote", "remote_model": "remote_model", "api_key_env": "api_key_env",
+        "time_budget_ms": "time_budget_ms", "remote": "remote", "remote_model": "remote_model", "api_key_env": "api_key_env",
         "log_level": "log_level", "exact": "exact",
     }
     out = {}

@@ -48,3 +48,11 @@ def test_run_cuts_at_stop_string_and_closes():
 def test_run_drains_to_the_end():
     result = run(scripted([4, 6]), sentencepiece_like(), [0, 2, 3])
     assert result.text == " 1 y" and result.stop_reason == "max_tokens"
+
+
+def test_whole_words_drops_a_word_the_next_token_may_extend():
+    from codespec_lsp.completion.complete import whole_words
+    assert whole_words("self.conf") == "self."
+    assert whole_words("return ") == "return "
+    assert whole_words("x = foo(") == "x = foo("
+    assert whole_words("value") == ""

@@ -708,3 +708,44 @@ async def test_an_edit_above_the_prompt_still_answers_from_memory():
     await s.complete(req("import os\n" + filler + "x = "))
     out = await s.complete(req("import re\n" + filler + "x = "))
     assert out.status == "repeat" and eng.calls == 1
+
+
+# ------------------------------------------------------------ time budget (issue 25)
+
+LONG_LINE = "alpha + beta + gamma + delta + epsilon\n"
+
+
+async def test_time_budget_shows_whole_words_early_and_the_rest_comes_by_typing_through():
+    # 30 ms a token, 80 ms budget: the answer comes after a few tokens, cut to whole words; the
+    # generation goes on, and typing into the shown text is answered with the whole line.
+    eng = FakeEngine(lambda p: LONG_LINE, tokens_per_forward=1, forward_s=0.03)
+    s = make(eng, time_budget_ms=80)
+    out = await s.complete(req("x = "))
+    assert out.status == "answered" and out.text and out.text != LONG_LINE.strip()
+    assert LONG_LINE.startswith(out.text) and not out.text.endswith(" ")
+    assert LONG_LINE[len(out.text)] in " +"  # no half word (`alp`) is ever shown
+    await idle(s)
+    typed = await s.complete(req("x = " + out.text))
+    assert typed.status == "typing_through" and out.text + typed.text == LONG_LINE.strip()
+    assert eng.calls == 1
+
+
+async def test_without_a_budget_the_whole_suggestion_is_awaited():
+    eng = FakeEngine(lambda p: LONG_LINE, tokens_per_forward=1, forward_s=0.01)
+    s = make(eng, time_budget_ms=0)
+    out = await s.complete(req("x = "))
+    assert out.text == LONG_LINE.strip()
+
+
+async def test_typing_away_from_an_early_answer_stops_its_generation():
+    eng = FakeEngine(lambda p: LONG_LINE if p.endswith("x = ") else "zeta\n",
+                     tokens_per_forward=1, forward_s=0.03)
+    s = make(eng, time_budget_ms=60)
+    first = await s.complete(req("x = "))
+    assert first.text and first.text != LONG_LINE.strip()
+    other = await s.complete(req("x = q"))  # not the start of the suggestion: the model again
+    await idle(s)
+    assert other.status == "answered" and eng.calls == 2
+    # The early answer's generation was cancelled at the keystroke, not run to its end.
+    assert s.stats.counters(s.host)["wasted_target_forwards"] > 0
+    assert s.cache.get("file:///a.py", "x = ", 4).text == first.text  # what was shown stays

@@ -6,6 +6,10 @@ inline-completion request per keystroke, cancelling the previous request if it i
   keystrokes, answered, cancelled, superseded, typing_through_hits, latency_ms_p50,
   latency_ms_p95, wasted_forward_share, rss_mb_start, rss_mb_end, last_keystroke_answered,
   backend ("local", or the remote server's kind with --remote)
+With --pause-ms P: Enter types the next line's indentation too (auto-indent), and the user pauses
+P ms there before typing on; adds pauses, pause_shown (share of pauses answered with a
+suggestion before the user typed on), pause_latency_ms_p50, pause_latency_ms_p95 (keystroke to
+that suggestion).
 With --clients N (or 1,2,4): N editors at once, each its own language server, one backend:
   {keystrokes_per_client, interval_ms, backend, runs: [{clients, latency_ms_p50, latency_ms_p95,
   errors, answered, per_client: [the fields above + errors]}]}; `transport` "stdio". With
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import socket
@@ -66,6 +71,8 @@ class _Doc:
 class _Tally:
     latencies_ms: list[float] = field(default_factory=list)
     errors: int = 0  # requests answered with an error (a cancel is not one)
+    pauses: int = 0  # requests made at a pause (--pause-ms)
+    pause_latencies_ms: list[float] = field(default_factory=list)  # those answered with a suggestion
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -99,6 +106,7 @@ def _start_doc(uri: str, text: str) -> _Doc:
 def _server_command(args: Any) -> list[str]:
     cmd = [sys.executable, "-m", "codespec_lsp.cli", "serve"]
     for flag in ("preset", "draft", "target", "device", "dtype", "debounce_ms", "max_tokens",
+                 "time_budget_ms",
                  "remote", "remote_model", "api_key_env"):
         value = getattr(args, flag, None)
         if value is not None and value != "":
@@ -173,8 +181,17 @@ async def _wait_loaded(client: _Client, limit_s: float = 900) -> dict:
     raise SystemExit("codespec-lsp bench server: models did not load in time")
 
 
-def _type_one(client: _Client, doc: _Doc) -> None:
-    ch, doc.rest = doc.rest[0], doc.rest[1:]
+def _keystroke(doc: _Doc, auto_indent: bool) -> int:
+    """Characters the next keystroke types: one, or with `auto_indent` a newline and the next
+    line's indentation together, as an editor's Enter does."""
+    if not auto_indent or not doc.rest.startswith("\n"):
+        return 1
+    return 1 + len(doc.rest[1:]) - len(doc.rest[1:].lstrip(" \t"))
+
+
+def _type_one(client: _Client, doc: _Doc, n: int = 1) -> None:
+    """Type the next `n` characters of doc.rest (a newline only as the first of them)."""
+    ch, doc.rest = doc.rest[:n], doc.rest[n:]
     at = types.Position(line=doc.line, character=doc.utf16_col())
     doc.version += 1
     client.text_document_did_change(types.DidChangeTextDocumentParams(
@@ -182,16 +199,35 @@ def _type_one(client: _Client, doc: _Doc) -> None:
         content_changes=[types.TextDocumentContentChangePartial(
             range=types.Range(start=at, end=at), text=ch)]))
     line = doc.lines[doc.line]
-    if ch == "\n":
-        doc.lines[doc.line:doc.line + 1] = [line[:doc.col], line[doc.col:]]
-        doc.line, doc.col = doc.line + 1, 0
+    if ch.startswith("\n"):
+        doc.lines[doc.line:doc.line + 1] = [line[:doc.col], ch[1:] + line[doc.col:]]
+        doc.line, doc.col = doc.line + 1, len(ch) - 1
     else:
         doc.lines[doc.line] = line[:doc.col] + ch + line[doc.col:]
-        doc.col += 1
+        doc.col += len(ch)
+
+
+def _ask(client: _Client, doc: _Doc, msg_id: str) -> asyncio.Future:
+    params = types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=doc.uri),
+        position=types.Position(line=doc.line, character=doc.utf16_col()),
+        context=types.InlineCompletionContext(
+            trigger_kind=types.InlineCompletionTriggerKind.Automatic))
+    return client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params,
+                                              msg_id=msg_id)
+
+
+def _shown(f: asyncio.Future) -> bool:
+    result = f.result()
+    return isinstance(result, types.InlineCompletionList) and any(
+        str(getattr(item, "insert_text", "")).strip() for item in result.items)
 
 
 async def replay(client: _Client, keystrokes: int, interval_s: float,
-                 corpus: Path | None, first: int = 0) -> tuple[_Tally, bool]:
+                 corpus: Path | None, first: int = 0, pause_s: float = 0.0) -> tuple[_Tally, bool]:
+    """Type `keystrokes` keys `interval_s` apart. `pause_s`: Enter types the next line's
+    indentation with it (auto-indent) and the user then pauses that long before typing on; the
+    requests made there are the pause's (the suggestion a user waits for)."""
     # A few files, as in a real session: each file the user works in holds a KV prefix entry,
     # and switching among dozens of files would measure the cache bound, not the server.
     # `first`: where in the corpus this editor starts (editors typing at once type other files).
@@ -204,46 +240,45 @@ async def replay(client: _Client, keystrokes: int, interval_s: float,
     tally = _Tally()
     pending: tuple[str, asyncio.Future, float] | None = None
     seen_by_user: set[str] = set()
-    start = time.perf_counter()
+    at = time.perf_counter()
     doc: _Doc | None = None
     typed_in_doc = 0
-    k = 0
     src_iter = itertools.cycle(sources)
-    while k < keystrokes:
+    for k in range(keystrokes):
         if doc is None or typed_in_doc >= per_file or not doc.rest:
             uri, text = next(src_iter)
             doc, typed_in_doc = _start_doc(f"{uri}#{k}", text), 0
             client.text_document_did_open(types.DidOpenTextDocumentParams(
                 text_document=types.TextDocumentItem(uri=doc.uri, language_id="python",
                                                      version=1, text="\n".join(doc.lines))))
-        await asyncio.sleep(max(0.0, start + k * interval_s - time.perf_counter()))
+        await asyncio.sleep(max(0.0, at - time.perf_counter()))
         if pending is not None and not pending[1].done():
             seen_by_user.discard(pending[0])
             client.cancel_request(types.CancelParams(id=pending[0]))
-        _type_one(client, doc)
-        typed_in_doc += 1
+        n = _keystroke(doc, pause_s > 0)
+        pause = pause_s > 0 and doc.rest.startswith("\n") and len(doc.rest) > n
+        _type_one(client, doc, n)
+        typed_in_doc += n
+        at += pause_s if pause else interval_s
         msg_id = f"k{k}"
-        params = types.InlineCompletionParams(
-            text_document=types.TextDocumentIdentifier(uri=doc.uri),
-            position=types.Position(line=doc.line, character=doc.utf16_col()),
-            context=types.InlineCompletionContext(
-                trigger_kind=types.InlineCompletionTriggerKind.Automatic))
-        fut = client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, params,
-                                                 msg_id=msg_id)
+        fut = _ask(client, doc, msg_id)
+        tally.pauses += pause
         sent = time.perf_counter()
         seen_by_user.add(msg_id)
 
-        def done(f: asyncio.Future, msg_id: str = msg_id, sent: float = sent) -> None:
+        def done(f: asyncio.Future, msg_id: str = msg_id, sent: float = sent,
+                 pause: bool = pause) -> None:
             # Retrieve the error of a cancelled request, or asyncio warns about it at exit.
             failed = f.cancelled() or f.exception() is not None
             if not f.cancelled() and f.exception() is not None and msg_id in seen_by_user:
                 tally.errors += 1
             if msg_id in seen_by_user and not failed:
                 tally.latencies_ms.append((time.perf_counter() - sent) * 1000)
+                if pause and _shown(f):
+                    tally.pause_latencies_ms.append((time.perf_counter() - sent) * 1000)
 
         fut.add_done_callback(done)
         pending = (msg_id, fut, sent)
-        k += 1
     last_ok = False
     if pending is not None:
         try:
@@ -281,8 +316,9 @@ async def _bench_one(args: Any, server_command: list[str] | None = None,
         rss_start = proc.memory_info().rss / 2**20
         s0 = await _request(client, "codespec/stats")
         c0 = await _request(client, "codespec/counters")
+        pause_s = (getattr(args, "pause_ms", None) or 0) / 1000
         tally, last_ok = await replay(client, args.keystrokes, args.interval_ms / 1000,
-                                      getattr(args, "corpus", None), first)
+                                      getattr(args, "corpus", None), first, pause_s)
         await asyncio.sleep(0.5)  # let cancelled generations finish so their forwards count
         s1 = await _request(client, "codespec/stats")
         c1 = await _request(client, "codespec/counters")
@@ -311,7 +347,18 @@ async def _bench_one(args: Any, server_command: list[str] | None = None,
         "rss_mb_end": round(rss_end, 1),
         "last_keystroke_answered": last_ok,
         "backend": s1.get("backend", "local"),
-    }, _Tally(tally.latencies_ms, tally.errors + len(client.errors))
+        **(_pause_fields(tally) if pause_s else {}),
+    }, dataclasses.replace(tally, errors=tally.errors + len(client.errors))
+
+
+def _pause_fields(tally: _Tally) -> dict:
+    """--pause-ms: keystroke-to-suggestion where the user waits for one, and how often one came
+    before the user typed on."""
+    shown = tally.pause_latencies_ms
+    return {"pauses": tally.pauses,
+            "pause_shown": round(len(shown) / tally.pauses, 4) if tally.pauses else 0.0,
+            "pause_latency_ms_p50": _percentile(shown, 0.5),
+            "pause_latency_ms_p95": _percentile(shown, 0.95)}
 
 
 async def run_clients(args: Any, counts: list[int],

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -155,9 +156,11 @@ def _after_heal(heal: str, stop_fn: Callable[[str], int | None]) -> Callable[[st
 
 
 def run(gen, tokenizer=None, prompt: Sequence[int] = (), stop: Sequence[str] = (),
-        stop_fn: Callable[[str], int | None] | None = None) -> GenerationResult:
+        stop_fn: Callable[[str], int | None] | None = None,
+        on_text: Callable[[str], None] | None = None) -> GenerationResult:
     """Drain a Generation (benches, calibration). With a tokenizer, the text is decoded and cut at
-    the first stop string or where `stop_fn` says, closing the generation there."""
+    the first stop string or where `stop_fn` says, closing the generation there. `on_text`: the
+    text so far, after each token that did not end it."""
     detok = Detokenizer(tokenizer, prompt) if tokenizer is not None else None
     try:
         for tok in gen:
@@ -173,6 +176,8 @@ def run(gen, tokenizer=None, prompt: Sequence[int] = (), stop: Sequence[str] = (
                 gen.close()
                 gen.result.stop_reason = "stop"
                 return gen.result
+            if on_text is not None:
+                on_text(text)
     finally:
         gen.close()
     if detok is not None:
@@ -196,8 +201,13 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
                 others: Sequence[tuple[str, str]] = (), roots: Sequence[str] = (),
                 min_confidence: float | None = None,
                 copy_weight: float | None = None, word_bias: float | None = None,
-                exact: bool = False, **generate_options) -> tuple[GenerationResult, str | None]:
+                exact: bool = False, deadline: float | None = None,
+                early: Callable[[str], None] | None = None,
+                **generate_options) -> tuple[GenerationResult, str | None]:
     """(the backend's result with its counts, the text to show or None when there is nothing).
+    `deadline` (time.perf_counter) and `early`: past the deadline, the first time the text so
+    far has something to show, `early` gets it (whole words, post-processed as the final answer
+    would be); the generation goes on to its end, which is what this returns.
     `others`, `roots`: the open documents and workspace folders (ContextBuilder.build).
     `copy_weight`, `word_bias`, `min_confidence`: None takes the model's measured value
     (`backend.scoring`, engine/scoring.py; a backend without one runs the pure target).
@@ -217,14 +227,47 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
                                               if word_bias > 0 else (), word_bias),
                            copy_weight=copy_weight,
                            **generate_options)
-    result = run(gen, backend.tokenizer, ids, stop_fn=_after_heal(heal, lambda text: block_end(text, mode)))
-    if heal:  # the text as seen from the cursor: what was backed up over is already typed
-        result.text = result.text[len(heal):] if result.text.startswith(heal) else ""
-    offsets = token_logprobs(backend.tokenizer, ids, result, heal)
+    def shown(text: str, result: GenerationResult) -> str | None:
+        if heal:  # the text as seen from the cursor: what was backed up over is already typed
+            text = text[len(heal):] if text.startswith(heal) else ""
+        return finalize(text, line_prefix, prompt.suffix, mode,
+                        logprobs=token_logprobs(backend.tokenizer, ids, result, heal),
+                        min_confidence=scoring.min_confidence)
+
+    on_text = None
+    if deadline is not None and early is not None:
+        on_text = _early_answer(deadline, early, lambda text: shown(whole_words(text), gen.result))
+    result = run(gen, backend.tokenizer, ids, stop_fn=_after_heal(heal, lambda text: block_end(text, mode)),
+                 on_text=on_text)
     if result.cancelled:
         return result, None
-    return result, finalize(result.text, line_prefix, prompt.suffix, mode,
-                            logprobs=offsets, min_confidence=scoring.min_confidence)
+    text = shown(result.text, result)
+    if heal:
+        result.text = result.text[len(heal):] if result.text.startswith(heal) else ""
+    return result, text
+
+
+def whole_words(text: str) -> str:
+    """`text` without a word the next token may still extend (`self.conf` -> `self.`)."""
+    return text[:len(text) - len(_WORD_TAIL.search(text).group())]
+
+
+_WORD_TAIL = re.compile(r"\w*$")
+
+
+def _early_answer(deadline: float, early: Callable[[str], None],
+                  shown: Callable[[str], str | None]) -> Callable[[str], None]:
+    """The per-token hook that hands `early` the first showable text after `deadline`, once."""
+    sent = False
+
+    def on_text(text: str) -> None:
+        nonlocal sent
+        if sent or time.perf_counter() < deadline:
+            return
+        if (answer := shown(text)):
+            sent = True
+            early(answer)
+    return on_text
 
 
 def prefill_at(backend, builder: ContextBuilder, key: str, source: str, offset: int,

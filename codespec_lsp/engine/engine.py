@@ -6,7 +6,11 @@ Contracts:
   drafter; speculative=False gives the same tokens. It is the bare model's output only with the
   lean and the prior off (exact mode).
 - Between any two forward passes (draft or target, prefill chunks included) the cancel token is
-  checked; a cancelled call returns what it has with `cancelled=True`.
+  checked, and inside a decode/verify forward between layers; a cancelled call returns what it
+  has with `cancelled=True`. A prefill chunk is never stopped inside: its KV is kept, and the
+  next keystroke's prompt (the same prefix, a few characters longer) needs it. Cut between
+  layers, a cold file's prefill, whose chunks outlast the gap between keystrokes on a CPU, was
+  thrown away at every keystroke and never finished while the user typed.
 - However a call ends (done, cancelled, error), both models' caches go back to their prefix
   caches holding exactly the tokens they have KV for, so the next request reuses them.
 - Not thread-safe: one worker thread owns an Engine.
@@ -166,7 +170,7 @@ class Engine:
         stores = [self.target_cache]
         if self.model_drafter is not None:
             stores.append(self.model_drafter.prefix_cache)
-        self._cancel = cancel
+        self._cancel = None  # chunks run whole (module docstring); `is_cancelled` between them
         try:
             for i, store in enumerate(stores):
                 kv = store.acquire(key, seq)
@@ -323,7 +327,11 @@ class _Run:
 
     def _prefill(self, target) -> None:
         t0 = time.perf_counter()
-        done = target.prefill(self.seq[len(target):-1], self.engine.prefill_chunk, self.opts.cancelled)
+        engine, self.engine._cancel = self.engine, None  # chunks run whole (module docstring)
+        try:
+            done = target.prefill(self.seq[len(target):-1], engine.prefill_chunk, self.opts.cancelled)
+        finally:
+            engine._cancel = self.opts.cancel
         self.result.prefill_s = time.perf_counter() - t0
         if done:
             self.result.prefill_tokens = self.prompt_len - self.result.reused_tokens

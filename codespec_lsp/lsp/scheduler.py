@@ -67,6 +67,7 @@ class _Job:
     future: asyncio.Future | None = None
     abandoned: bool = False   # its answer will not be delivered: its forwards are waste
     accounted: bool = False
+    continued: bool = False   # answered early; the generation goes on (Scheduler._answer_early)
 
 
 @dataclass
@@ -91,6 +92,26 @@ class _Recording:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.builder, name)
+
+
+def _remember(cache: CompletionCache, req: CompletionRequest, text: str | None,
+              prompt: Prompt | None) -> None:
+    """Cached under the whole window the model saw (the prompt's cut and suffix)."""
+    cache.put(req.key, req.source, req.offset, text or "",
+              prompt_start=getattr(prompt, "cut", 0) if prompt is not None else None,
+              prompt_suffix_chars=len(prompt.suffix) if prompt is not None else 0)
+
+
+def _resolver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> Callable[[Any], None]:
+    """A callback for the engine thread that resolves `fut` on the event loop (once)."""
+    def resolve(value: Any) -> None:
+        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(value))
+    return resolve
+
+
+def _first(*futures: asyncio.Future) -> asyncio.Future:
+    """Done when the first of `futures` is (they are left running)."""
+    return asyncio.ensure_future(asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED))
 
 
 def _clean(text: str) -> str:
@@ -125,6 +146,7 @@ class Scheduler:
         self._clock = clock
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, "codespec-engine")
         self._builder: tuple | None = None
+        self._growing: dict[str, Ticket] = {}  # documents whose early answer is still being written
 
     def close(self) -> None:
         self.stale.close()
@@ -162,7 +184,9 @@ class Scheduler:
         engine = self.host.engine
         self._cache_under(engine, settings)
         if (hit := self.cache.get(req.key, req.source, req.offset)) is not None:
-            self.stale.supersede(req.key)  # the user moved on: older work for it is moot
+            growing = self._growing.get(req.key)
+            if growing is None or growing.stale:  # a suggestion still being written is typed into
+                self.stale.supersede(req.key)  # the user moved on: older work for it is moot
             return Outcome(hit.text or None, hit.status, replace=hit.replace)
         if engine is None:
             return Outcome(None, "not_ready")
@@ -172,13 +196,14 @@ class Scheduler:
             max_tokens = await self._wait_for_turn(job, req, settings, engine, t0)
             if max_tokens is None:
                 return self._abandon(job)
-            return await self._generate(job, req, settings, engine, max_tokens)
+            return await self._generate(job, req, settings, engine, max_tokens, t0)
         except asyncio.CancelledError:
             job.ticket.expire(CANCELLED)
             self._abandon(job)
             raise
         finally:
-            self.stale.release(job.ticket)
+            if not job.continued:  # an answer given early keeps its ticket until it ends
+                self.stale.release(job.ticket)
 
     def _cache_under(self, engine: Any, settings: Settings) -> None:
         """The cache holds one model's answers under one set of settings: a reload, or any
@@ -218,14 +243,27 @@ class Scheduler:
         return max_tokens if await self.stale.debounce(job.ticket, delay) else None
 
     async def _generate(self, job: _Job, req: CompletionRequest, settings: Settings,
-                        engine: Any, max_tokens: int) -> Outcome:
-        job.future = asyncio.get_running_loop().run_in_executor(
-            self._executor, self._run, engine, job.ticket, req, settings, max_tokens)
+                        engine: Any, max_tokens: int, t0: float) -> Outcome:
+        loop = asyncio.get_running_loop()
+        early: asyncio.Future = loop.create_future()
+        budget_s = settings.time_budget_ms / 1000 - (self._clock() - t0) if settings.time_budget_ms else None
+        job.future = loop.run_in_executor(self._executor, self._run, engine, job.ticket, req, settings,
+                                          max_tokens, budget_s, _resolver(loop, early))
         # An overtaken generation is accounted (as waste) when it really ends.
         job.future.add_done_callback(lambda f: job.abandoned and self._account(job))
-        await job.ticket.until(job.future)
+        either = _first(job.future, early)
+        try:
+            await job.ticket.until(either)
+        finally:
+            either.cancel()
+        if not job.future.done() and early.done() and not job.ticket.stale:
+            return self._answer_early(job, req, *early.result())
         if not job.future.done():  # a finished answer is delivered even if just overtaken
             return self._abandon(job)
+        return self._delivered(job, req)
+
+    def _delivered(self, job: _Job, req: CompletionRequest, early_text: str | None = None) -> Outcome:
+        """The generation ended and its answer is (or, early, was) delivered."""
         self._account(job)
         if (exc := job.future.exception()) is not None:
             self.faults.fault(exc)
@@ -236,11 +274,30 @@ class Scheduler:
             return Outcome(None, "superseded", result=result)
         if result.stop_reason == "error":  # e.g. the server is down: ask again next time
             return Outcome(None, "error", result=result)
-        prompt = ran.prompt
-        self.cache.put(req.key, req.source, req.offset, ran.text or "",
-                       prompt_start=getattr(prompt, "cut", 0) if prompt is not None else None,
-                       prompt_suffix_chars=len(prompt.suffix) if prompt is not None else 0)
-        return Outcome(ran.text, "answered", result=result)
+        text = ran.text
+        if early_text is not None and not (text or "").startswith(early_text):
+            return Outcome(early_text, "answered", result=result)  # what was shown stays
+        _remember(self.cache, req, text, ran.prompt)
+        return Outcome(text, "answered", result=result)
+
+    def _answer_early(self, job: _Job, req: CompletionRequest, text: str, prompt: Prompt) -> Outcome:
+        """The time budget is spent: show what is written, and let the generation go on. Its
+        ticket stays live, so the next keystroke that is not typing into it cancels it; typing
+        into it is answered from the cache, which the whole suggestion replaces when it ends."""
+        _remember(self.cache, req, text, prompt)
+        self._growing[req.key] = job.ticket
+        job.continued = True
+
+        def ended(_: asyncio.Future) -> None:
+            if self._growing.get(req.key) is job.ticket:
+                del self._growing[req.key]
+            self.stale.release(job.ticket)
+            if not job.ticket.stale:
+                self._delivered(job, req, early_text=text)
+            else:
+                self._account(job)
+        job.future.add_done_callback(ended)
+        return Outcome(text, "answered")
 
     def _finish(self, req: CompletionRequest, outcome: Outcome, t0: float) -> Outcome:
         """All of a request's accounting, in one place, whatever way it ended."""
@@ -277,15 +334,18 @@ class Scheduler:
     # Runs on the engine thread: everything that touches the engine or its tokenizer, inside
     # the future, so whatever raises here (the prompt included) ends as one "error" outcome.
     def _run(self, engine: Any, ticket: Ticket, req: CompletionRequest, settings: Settings,
-             max_tokens: int) -> _Ran:
+             max_tokens: int, budget_s: float | None = None,
+             early: Callable[[tuple], None] | None = None) -> _Ran:
         if ticket.cancel.cancelled:
             return _Ran(None)  # overtaken while queued: no forward spent
         builder = _Recording(self._context_builder(engine, settings))
+        deadline = time.perf_counter() + budget_s if budget_s is not None else None
         result, text = complete_at(
             engine, builder, req.key, _clean(req.source), req.offset, max_tokens=max_tokens,
             cancel=ticket.cancel, others=[(n, _clean(t)) for n, t in req.others],
             min_confidence=settings.min_confidence, copy_weight=settings.copy_weight,
-            roots=req.roots, word_bias=settings.word_bias, exact=settings.exact)
+            roots=req.roots, word_bias=settings.word_bias, exact=settings.exact,
+            deadline=deadline, early=(lambda text: early((text, builder.prompt))) if early else None)
         return _Ran(result, text, builder.prompt)
 
     def _warm(self, engine: Any, ticket: Ticket, req: CompletionRequest,
