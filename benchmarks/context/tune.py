@@ -5,7 +5,8 @@
 The candidates (ContextBuilder settings): off; the definitions of imported names with a class's
 fields and method signatures ("members") or signature and first docstring line only
 ("signatures"); 0.1, 0.25 or 0.4 of the prompt budget; as code under a path comment right before
-the file, or every line a comment. One changed at a time from members / 0.25 / code.
+the file, or every line a comment. One changed at a time from members / 0.25 / code, then from
+signatures / 0.25 / code.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ CANDIDATES = {
     "members_0.1_code": {"workspace_context": True, "context_share": 0.1},
     "members_0.4_code": {"workspace_context": True, "context_share": 0.4},
     "members_0.25_comment": {"workspace_context": True, "context_form": "comment"},
+    # Added after the first package (gepa) put "signatures" ahead: its share and form.
+    "signatures_0.1_code": {"workspace_context": True, "context_detail": "signatures",
+                            "context_share": 0.1},
+    "signatures_0.4_code": {"workspace_context": True, "context_detail": "signatures",
+                            "context_share": 0.4},
+    "signatures_0.25_comment": {"workspace_context": True, "context_detail": "signatures",
+                                "context_form": "comment"},
 }
 
 
