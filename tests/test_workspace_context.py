@@ -303,3 +303,28 @@ def test_bench_points_include_module_attribute_lines(tmp_path):
     names, modules, files = siblings(pkg / "main.py", USES_MODULES, pkg.parent)
     assert modules == {"app.models", "m", "models"} and names == set()
     assert [f.name for f in files] == ["models.py"]
+
+
+def test_bench_context_scores_what_the_context_gives_and_the_keystroke_prefill(tmp_path):
+    """A model that writes the right call only when the definition is in its prompt: every
+    point exact with context, none without; typing after a point reruns a few tokens only."""
+    from codespec_lsp.bench.context import context_bench
+    from tests.fake_engine import FakeEngine
+
+    pkg = package(tmp_path)
+    body = "".join(f"    c{i} = load_config('{i}.toml')\n" for i in range(6))
+    (pkg / "main.py").write_text("from .models import load_config\n\n\ndef run():\n" + body)
+
+    def needs_context(prompt: str) -> str:
+        if "def load_config(path: str) -> Config:" not in prompt:
+            return "open(path)\n"
+        line = prompt.rsplit("\n", 1)[-1]
+        i = len([ln for ln in prompt.split("\n") if ln.startswith("    c")])
+        return f"c{i} = load_config('{i}.toml')\n"[len(line.strip()):]
+    got = context_bench(FakeEngine(needs_context), package=pkg.parent, points=18,
+                        keystroke_points=2)  # a third of 18: all 6 lines of main.py
+    assert got["with_context"]["points"] == got["without_context"]["points"] == 6
+    assert got["with_context"]["exact_line"] == 1.0 and got["with_context"]["name_hit"] == 1.0
+    assert got["without_context"]["exact_line"] == 0.0 and got["without_context"]["name_hit"] == 0.0
+    assert 0 < got["with_context"]["prefill_tokens_per_keystroke"] <= 4
+    assert "prefill_tokens_per_keystroke" not in got["without_context"]
