@@ -60,7 +60,8 @@ def test_imported_names_reads_parenthesised_and_aliased_imports():
 
 def test_definitions_from_disk_go_before_the_file(tmp_path):
     pkg = package(tmp_path)
-    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True,
+                             context_detail="members"), pkg)
     head, _, rest = p.text.partition("import os")
     assert rest.endswith("cfg = ") and p.prefix == MAIN
     assert head.startswith("# app/models.py\n")
@@ -242,10 +243,9 @@ def test_an_installed_module_adds_nothing(tmp_path):
     assert on.text == src
 
 
-def test_signatures_detail_leaves_out_fields_and_methods(tmp_path):
+def test_signatures_detail_the_default_leaves_out_fields_and_methods(tmp_path):
     pkg = package(tmp_path)
-    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True,
-                             context_detail="signatures"), pkg)
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
     head = p.text[:len(p.text) - len(p.prefix)]
     assert 'class Config:\n    """Where and how to serve."""\n    ...' in head
     assert "port: int" not in head and "def url" not in head

@@ -22,11 +22,12 @@ from codespec_lsp.engine import load_engine
 
 CANDIDATES = {
     "off": {"workspace_context": False},
-    "members_0.25_code": {"workspace_context": True},
+    "members_0.25_code": {"workspace_context": True, "context_detail": "members"},
     "signatures_0.25_code": {"workspace_context": True, "context_detail": "signatures"},
-    "members_0.1_code": {"workspace_context": True, "context_share": 0.1},
-    "members_0.4_code": {"workspace_context": True, "context_share": 0.4},
-    "members_0.25_comment": {"workspace_context": True, "context_form": "comment"},
+    "members_0.1_code": {"workspace_context": True, "context_detail": "members", "context_share": 0.1},
+    "members_0.4_code": {"workspace_context": True, "context_detail": "members", "context_share": 0.4},
+    "members_0.25_comment": {"workspace_context": True, "context_detail": "members",
+                             "context_form": "comment"},
     # Added after the first package (gepa) put "signatures" ahead: its share and form.
     "signatures_0.1_code": {"workspace_context": True, "context_detail": "signatures",
                             "context_share": 0.1},

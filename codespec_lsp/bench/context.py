@@ -1,7 +1,8 @@
 """`codespec-lsp bench context`: what workspace context gains, CrossCodeEval-style.
 
 Points are lines of a package that use a name the file imports from a sibling module
-(`from .models import Config` ... `cfg = Config(...)`), the cursor after the line's indentation.
+(`from .models import Config` ... `cfg = Config(...)`) or an attribute of a sibling module it
+imports whole (`from . import store` ... `store.save(x)`), the cursor after the line's indentation.
 Each is asked through `complete.complete_at`, what an editor gets, as an editor would: the file
 as it stood while that line was typed (the rest of the line not there yet), the other modules of
 the package open, the package folder the workspace root; once with `workspaceContext` and once
@@ -13,6 +14,7 @@ Fields, for each of "with_context" and "without_context":
   edit_similarity     mean difflib ratio of first line vs rest of the real line (0: nothing shown)
   prefix_match_chars  mean common prefix of suggestion and real text, in characters
   name_hit            the suggestion's first line uses the imported name the real line uses
+  prefill_tokens_per_keystroke  (with context) prompt tokens run per character typed after a point
 """
 
 from __future__ import annotations

@@ -33,8 +33,9 @@ RECUT_FILL = 0.75
 # A kept cut whose prefix fell under this share (cursor moved up, text deleted) is re-cut.
 LOW_WATER = 0.5
 SUFFIX_SHARE = 0.25   # of the budget, for the FIM suffix
-# Of the budget, at most, for workspace definitions. Not tuned: bench context has measured only
-# this value (9 points of its sample, no gain), so workspaceContext is off by default.
+# Of the budget, at most, for workspace definitions. Chosen with the form below by bench context
+# on smol, two packages released after it was trained (docs/context.md): 0.1 found less, 0.4 took
+# too much of the file (prefix kept fell by a third).
 CONTEXT_SHARE = 0.25
 POSTPROCESS_SUFFIX_CHARS = 2000
 LOOKUP_CHARS = 200_000
@@ -81,10 +82,12 @@ class ContextBuilder:
     budget: int
     fim_tokens: tuple[str, str, str] | None = None
     workspace_context: bool = False
-    # The form of the workspace context; bench context compares them (see CONTEXT_SHARE).
+    # The form of the workspace context; bench context compares them (see CONTEXT_SHARE). A
+    # class's fields and methods ("members") measured worse than its signature and docstring
+    # line alone on smol, comments ("comment") no better than code.
     context_share: float = CONTEXT_SHARE
-    context_detail: str = "members"   # a class with fields and method signatures; "signatures"
-    context_form: str = "code"        # definitions as code under a path comment; "comment"
+    context_detail: str = "signatures"  # signature, first docstring line; "members" adds a class's
+    context_form: str = "code"          # as code under a path comment; "comment": every line one
     _state: dict[str, _CutState] = field(default_factory=dict)
     _workspace: WorkspaceSource = field(default_factory=WorkspaceSource)
 

@@ -5,7 +5,9 @@ more than the text windows most like the lines above (those measured worse than 
 bench/context.py). So the names the file imports with `from M import a, b` are resolved to the
 module's file, found first among the open documents, then on disk under the workspace roots, and
 each one's header (decorators, signature, first docstring line; for a class also its fields and
-method signatures) is put before the file in the prompt.
+method signatures) is put before the file in the prompt. A module imported whole (`import M`,
+`import M as m`, `from pkg import module`) gives the attributes the file reads from it
+(`m.attr`), then the module's other signatures, one line each.
 
 Promises:
 - Disk reads stay inside the workspace roots (a symlink pointing out of them is not followed),
