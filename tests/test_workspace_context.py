@@ -8,7 +8,8 @@ import pytest
 
 from codespec_lsp.bench.context import context_points, siblings, SAMPLE
 from codespec_lsp.completion.context import CONTEXT_SHARE, ContextBuilder
-from codespec_lsp.completion.workspace import imported_names
+from codespec_lsp.completion import workspace
+from codespec_lsp.completion.workspace import imported_modules, imported_names
 from codespec_lsp.config import normalize
 
 from test_context import CountingTokenizer
@@ -59,7 +60,8 @@ def test_imported_names_reads_parenthesised_and_aliased_imports():
 
 def test_definitions_from_disk_go_before_the_file(tmp_path):
     pkg = package(tmp_path)
-    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True,
+                             context_detail="members"), pkg)
     head, _, rest = p.text.partition("import os")
     assert rest.endswith("cfg = ") and p.prefix == MAIN
     assert head.startswith("# app/models.py\n")
@@ -177,10 +179,11 @@ def test_bench_points_use_a_sibling_name_at_the_line_start():
         line = cp.point.source[cp.point.offset:].split("\n", 1)[0]
         assert cp.names and all(n in line for n in cp.names)
         assert cp.point.source[:cp.point.offset].split("\n")[-1].strip() == ""
-    names, files = siblings(SAMPLE / "shelfkit" / "desk.py",
-                            (SAMPLE / "shelfkit" / "desk.py").read_text(), SAMPLE)
+    names, modules, files = siblings(SAMPLE / "shelfkit" / "desk.py",
+                                     (SAMPLE / "shelfkit" / "desk.py").read_text(), SAMPLE)
     assert {"Catalog", "fee_cents", "Loan"} <= names and "date" not in names
     assert {f.name for f in files} == {"errors.py", "fees.py", "models.py", "store.py"}
+    assert modules == set()
 
 
 def test_server_request_carries_the_workspace_folders_and_other_documents_by_uri():
@@ -198,3 +201,130 @@ def test_server_request_carries_the_workspace_folders_and_other_documents_by_uri
     req = server.request_for("file:///ws/proj/app/main.py", types.Position(6, 10))
     assert req.roots == ["file:///ws/proj"]
     assert [uri for uri, _ in req.others] == ["file:///ws/proj/app/models.py"]
+
+
+USES_MODULES = ("import os\nimport app.models\nimport app.models as m\nfrom app import models\n\n\n"
+                "def run(path):\n    m.load_config(path)\n    x = ")
+
+
+def test_imported_modules_reads_plain_and_aliased_imports():
+    src = "import os, app.models\nimport app.models as m  # c\nfrom x import y\nimport a as b, c.d\n"
+    assert imported_modules(src) == [("os", "os"), ("app.models", "app.models"),
+                                     ("app.models", "m"), ("a", "b"), ("c.d", "c.d")]
+
+
+@pytest.mark.parametrize("line", ["import app.models as m", "from app import models as m",
+                                  "from . import models as m"])
+def test_a_module_import_gives_the_attributes_the_file_reads(tmp_path, line):
+    """`m.load_config(...)` in the file: load_config's definition; the module's other
+    signatures one line each (the attribute about to be typed may be any of them)."""
+    pkg = package(tmp_path)
+    src = f"{line}\n\n\ndef run(path):\n    m.load_config(path)\n    x = "
+    (pkg / "main.py").write_text(src)
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg, src)
+    head = p.text[:len(p.text) - len(p.prefix)]
+    assert 'def load_config(path: str) -> Config:\n    """Reads a Config from a TOML file."""' in head
+    assert "class Config: ..." in head and "host: str" not in head
+    assert p.prefix == src
+
+
+def test_a_module_attribute_not_defined_there_adds_nothing_but_the_overview(tmp_path):
+    pkg = package(tmp_path)
+    src = "import app.models as m\n\nm.nothing_here()\nx = "
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg, src)
+    head = p.text[:len(p.text) - len(p.prefix)]
+    assert "def load_config(path: str) -> Config: ..." in head and "nothing_here" not in head
+
+
+def test_an_installed_module_adds_nothing(tmp_path):
+    pkg = package(tmp_path)
+    src = "import os.path\nimport json as j\n\nx = j.loads(os.path.join('a'))\ny = "
+    on = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg, src)
+    assert on.text == src
+
+
+def test_signatures_detail_the_default_leaves_out_fields_and_methods(tmp_path):
+    pkg = package(tmp_path)
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
+    head = p.text[:len(p.text) - len(p.prefix)]
+    assert 'class Config:\n    """Where and how to serve."""\n    ...' in head
+    assert "port: int" not in head and "def url" not in head
+    assert "def load_config(path: str) -> Config:" in head
+
+
+def test_comment_form_makes_every_context_line_a_comment(tmp_path):
+    pkg = package(tmp_path)
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True,
+                             context_form="comment"), pkg)
+    head = p.text[:len(p.text) - len(p.prefix)]
+    assert "# def load_config(path: str) -> Config:" in head
+    assert all(line.startswith("# ") for line in head.splitlines() if line.strip())
+
+
+@pytest.mark.parametrize("share", [0.1, 0.4])
+def test_context_share_bounds_the_context(tmp_path, share):
+    pkg = package(tmp_path)
+    many = "".join(f"def helper_{i}(a, b, c):\n    \"\"\"Helper number {i}.\"\"\"\n\n" for i in range(200))
+    (pkg / "models.py").write_text(many)
+    src = "from .models import (" + ", ".join(f"helper_{i}" for i in range(200)) + ")\n\ny = "
+    tok = CountingTokenizer()
+    p = build(ContextBuilder(tok, 400, workspace_context=True, context_share=share), pkg, src)
+    context = p.text[:len(p.text) - len(p.prefix)]
+    assert 400 * share * 0.6 <= tok(context) <= 400 * share
+
+
+def test_files_over_the_size_limit_are_skipped(tmp_path, monkeypatch):
+    pkg = package(tmp_path)
+    monkeypatch.setattr(workspace, "MAX_FILE_BYTES", len(MODELS) - 1)
+    assert build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg).text == MAIN
+
+
+def test_disk_reads_stop_at_the_count_limit(tmp_path, monkeypatch):
+    pkg = package(tmp_path)
+    (pkg / "extra.py").write_text("def extra_helper(a):\n    return a\n")
+    src = "from .models import load_config\nfrom .extra import extra_helper\n\nx = "
+    monkeypatch.setattr(workspace, "MAX_DISK_FILES", 1)
+    p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg, src)
+    assert "def load_config" in p.text and "def extra_helper" not in p.text
+
+
+def test_disk_reads_stop_at_the_time_limit(tmp_path, monkeypatch):
+    pkg = package(tmp_path)
+    monkeypatch.setattr(workspace, "TIME_BUDGET_S", -1.0)
+    assert build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg).text == MAIN
+
+
+def test_bench_points_include_module_attribute_lines(tmp_path):
+    pkg = package(tmp_path)
+    (pkg / "main.py").write_text(USES_MODULES + "load_config\n    y = models.RETRIES + 1\n")
+    pts = context_points(pkg.parent, 30)
+    names = {n for cp in pts for n in cp.names}
+    assert {"m.load_config", "models.RETRIES", "app.models"} - names == {"app.models"}
+    names, modules, files = siblings(pkg / "main.py", USES_MODULES, pkg.parent)
+    assert modules == {"app.models", "m", "models"} and names == set()
+    assert [f.name for f in files] == ["models.py"]
+
+
+def test_bench_context_scores_what_the_context_gives_and_the_keystroke_prefill(tmp_path):
+    """A model that writes the right call only when the definition is in its prompt: every
+    point exact with context, none without; typing after a point reruns a few tokens only."""
+    from codespec_lsp.bench.context import context_bench
+    from tests.fake_engine import FakeEngine
+
+    pkg = package(tmp_path)
+    body = "".join(f"    c{i} = load_config('{i}.toml')\n" for i in range(6))
+    (pkg / "main.py").write_text("from .models import load_config\n\n\ndef run():\n" + body)
+
+    def needs_context(prompt: str) -> str:
+        if "def load_config(path: str) -> Config:" not in prompt:
+            return "open(path)\n"
+        line = prompt.rsplit("\n", 1)[-1]
+        i = len([ln for ln in prompt.split("\n") if ln.startswith("    c")])
+        return f"c{i} = load_config('{i}.toml')\n"[len(line.strip()):]
+    got = context_bench(FakeEngine(needs_context), package=pkg.parent, points=18,
+                        keystroke_points=2)  # a third of 18: all 6 lines of main.py
+    assert got["with_context"]["points"] == got["without_context"]["points"] == 6
+    assert got["with_context"]["exact_line"] == 1.0 and got["with_context"]["name_hit"] == 1.0
+    assert got["without_context"]["exact_line"] == 0.0 and got["without_context"]["name_hit"] == 0.0
+    assert 0 < got["with_context"]["prefill_tokens_per_keystroke"] <= 4
+    assert "prefill_tokens_per_keystroke" not in got["without_context"]

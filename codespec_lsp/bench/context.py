@@ -1,7 +1,8 @@
 """`codespec-lsp bench context`: what workspace context gains, CrossCodeEval-style.
 
 Points are lines of a package that use a name the file imports from a sibling module
-(`from .models import Config` ... `cfg = Config(...)`), the cursor after the line's indentation.
+(`from .models import Config` ... `cfg = Config(...)`) or an attribute of a sibling module it
+imports whole (`from . import store` ... `store.save(x)`), the cursor after the line's indentation.
 Each is asked through `complete.complete_at`, what an editor gets, as an editor would: the file
 as it stood while that line was typed (the rest of the line not there yet), the other modules of
 the package open, the package folder the workspace root; once with `workspaceContext` and once
@@ -13,6 +14,7 @@ Fields, for each of "with_context" and "without_context":
   edit_similarity     mean difflib ratio of first line vs rest of the real line (0: nothing shown)
   prefix_match_chars  mean common prefix of suggestion and real text, in characters
   name_hit            the suggestion's first line uses the imported name the real line uses
+  prefill_tokens_per_keystroke  (with context) prompt tokens run per character typed after a point
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 from codespec_lsp.bench.quality import Point, score
 from codespec_lsp.completion.complete import complete_at
 from codespec_lsp.completion.context import ContextBuilder
-from codespec_lsp.completion.workspace import imported_names, resolve_module
+from codespec_lsp.completion.workspace import imported_modules, imported_names, resolve_module
 from codespec_lsp.config import Settings, default_context_tokens
 
 SAMPLE = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "context" / "sample"
@@ -38,19 +40,39 @@ MAX_FILE_CHARS = 200_000
 @dataclass(frozen=True)
 class ContextPoint:
     point: Point
-    names: tuple[str, ...]  # the imported names the real line uses
+    names: tuple[str, ...]  # the imported names the real line uses (`name` or `module.attr`)
 
 
-def siblings(path: Path, text: str, package: Path) -> tuple[set[str], list[Path]]:
-    """(names `text` imports from modules of the package, not installed ones; those modules)."""
-    names, files = set(), []
+def _in_package(level: int, module: str, path: Path, package: Path) -> Path | None:
+    found = [c for c in resolve_module(level, module, path, (package,))
+             if c.is_file() and c.is_relative_to(package)]
+    return found[0] if found else None
+
+
+def siblings(path: Path, text: str, package: Path) -> tuple[set[str], set[str], list[Path]]:
+    """(names `text` imports from modules of the package, not installed ones; the names it
+    reaches package modules by, read as `module.attr`; the files of those modules)."""
+    names, modules, files = set(), set(), []
     for level, module, imported in imported_names(text):
-        found = [c for c in resolve_module(level, module, path, (package,))
-                 if c.is_file() and c.is_relative_to(package)]
-        if found:
-            names.update(imported)
-            files.append(found[0])
-    return names, list(dict.fromkeys(files))
+        for name in imported:
+            sub = _in_package(level, f"{module}.{name}" if module else name, path, package)
+            if sub is not None:  # `from pkg import module`
+                modules.add(name)
+                files.append(sub)
+            elif (found := _in_package(level, module, path, package)) is not None:
+                names.add(name)
+                files.append(found)
+    for module, alias in imported_modules(text):
+        if (found := _in_package(0, module, path, package)) is not None:
+            modules.add(alias)
+            files.append(found)
+    return names, modules, list(dict.fromkeys(f for f in files if f != path))
+
+
+def _uses(names: set[str], modules: set[str]) -> re.Pattern:
+    alternatives = [re.escape(m) + r"\.\w+" for m in sorted(modules)]
+    alternatives += [re.escape(n) for n in sorted(names)]
+    return re.compile(r"(?<![\w.])(" + "|".join(alternatives) + r")(?!\w)")
 
 
 def context_points(package: Path, n: int, seed: int = 0) -> list[ContextPoint]:
@@ -61,10 +83,10 @@ def context_points(package: Path, n: int, seed: int = 0) -> list[ContextPoint]:
         text = path.read_text(encoding="utf-8", errors="replace")
         if len(text) > MAX_FILE_CHARS:
             continue
-        names = siblings(path, text, package)[0]
-        if not names:
+        names, modules = siblings(path, text, package)[:2]
+        if not names and not modules:
             continue
-        word = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names))) + r")(?!\w)")
+        word = _uses(names, modules)
         import_spans = [m.span() for m in re.finditer(r"^[ \t]*(from|import)[ \t][^\n(]*(\([^)]*\))?",
                                                         text, re.M)]
         found, offset = [], 0
@@ -102,34 +124,60 @@ def summarize(rows: list[dict]) -> dict:
             "prefix_match_chars": round(mean("prefix"), 2), "name_hit": round(mean("name_hit"), 4)}
 
 
+# The two runs `bench context` reports: the server's defaults with the setting on and off.
+DEFAULT_VARIANTS = {"with_context": {"workspace_context": True},
+                    "without_context": {"workspace_context": False}}
+KEYSTROKE_POINTS = 8   # points where the real line is then typed, a character at a time
+KEYSTROKES = 4
+
+
+def _typed(engine, builder: ContextBuilder, cp: ContextPoint, ask) -> list[int]:
+    """Prompt tokens the model ran for each of KEYSTROKES characters of the real line, typed
+    after the first completion (the KV cache is what makes each few)."""
+    line = cp.point.source[cp.point.offset:].split("\n", 1)[0]
+    counts = []
+    for i in range(1, min(KEYSTROKES, len(line)) + 1):
+        at = cp.point.offset + i
+        result, _ = ask(cp.point.source[:at] + cp.point.document[cp.point.offset:], at, 4)
+        counts.append(result.prefill_tokens)
+    return counts
+
+
 def context_bench(engine, package: str | Path | None = None, points: int = 40, seed: int = 0,
-                  copy_weight: float | None = None, modes: tuple[bool, ...] = (True, False)) -> dict:
-    """The FIELDS with and without workspace context, on the same points."""
+                  copy_weight: float | None = None, variants: dict[str, dict] | None = None,
+                  keystroke_points: int = KEYSTROKE_POINTS) -> dict:
+    """The FIELDS for each variant (ContextBuilder settings; by default with and without
+    workspace context) on the same points; a variant with context also gets
+    prefill_tokens_per_keystroke, over `keystroke_points` points."""
     root = Path(package).resolve() if package else SAMPLE
     pts = context_points(root, points, seed)
     if not pts:
         raise SystemExit(f"no line under {root} uses a name imported from a sibling module")
     settings = Settings()
     budget = default_context_tokens(engine.context_window, settings.max_tokens)
-    out: dict = {"package": str(root), "seed": seed}
-    for on in modes:
-        builder = ContextBuilder(engine.count_tokens, budget, fim_tokens=engine.fim_tokens,
-                                 workspace_context=on)
-        rows = []
+    out: dict = {"package": str(root), "seed": seed, "budget_tokens": budget}
+    for label, options in (variants or DEFAULT_VARIANTS).items():
+        builder = ContextBuilder(engine.count_tokens, budget, fim_tokens=engine.fim_tokens, **options)
+        rows, typed = [], []
         for i, cp in enumerate(pts):
-            key = Path(cp.point.path).as_uri()
-            path = Path(cp.point.path)
+            key, path = Path(cp.point.path).as_uri(), Path(cp.point.path)
             # The modules the file imports from are the ones open beside it (the server sends
             # at most 8 other documents).
             others = [(f.as_uri(), f.read_text(encoding="utf-8", errors="replace"))
-                      for f in siblings(path, cp.point.source, root)[1] if f != path][:8]
-            _, text = complete_at(engine, builder, key, cp.point.document, cp.point.offset,
-                                  max_tokens=settings.max_tokens, others=others,
-                                  roots=[root.as_uri()], copy_weight=copy_weight)
-            builder.forget(key)  # a fresh document per point: no cut carried over
+                      for f in siblings(path, cp.point.source, root)[2]][:8]
+
+            def ask(document: str, offset: int, max_tokens: int = settings.max_tokens):
+                return complete_at(engine, builder, key, document, offset, max_tokens=max_tokens,
+                                   others=others, roots=[root.as_uri()], copy_weight=copy_weight)
+            _, text = ask(cp.point.document, cp.point.offset)
             rows.append({**score(cp.point, text), "name_hit": _name_hit(cp, text)})
-            print(f"context={on} {i + 1}/{len(pts)} {rows[-1]}", file=sys.stderr, flush=True)
-        out["with_context" if on else "without_context"] = summarize(rows)
+            if options.get("workspace_context") and i < keystroke_points:
+                typed += _typed(engine, builder, cp, ask)
+            builder.forget(key)  # a fresh document per point: no cut carried over
+            print(f"{label} {i + 1}/{len(pts)} {rows[-1]}", file=sys.stderr, flush=True)
+        out[label] = summarize(rows)
+        if typed:
+            out[label]["prefill_tokens_per_keystroke"] = round(sum(typed) / len(typed), 2)
     return out
 
 

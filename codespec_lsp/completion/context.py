@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from codespec_lsp.completion.workspace import (IMPORT_STATEMENT, WorkspaceSource, import_definitions,
-                                               to_path)
+from codespec_lsp.completion.workspace import (IMPORT_STATEMENT, Definition, WorkspaceSource,
+                                               import_definitions, to_path)
 
 # Code rarely exceeds this many characters per token; it bounds how much text is ever tokenized,
 # so a 1 MB document costs no more than a small one.
@@ -33,8 +33,9 @@ RECUT_FILL = 0.75
 # A kept cut whose prefix fell under this share (cursor moved up, text deleted) is re-cut.
 LOW_WATER = 0.5
 SUFFIX_SHARE = 0.25   # of the budget, for the FIM suffix
-# Of the budget, at most, for workspace definitions. Not tuned: bench context has measured only
-# this value (9 points of its sample, no gain), so workspaceContext is off by default.
+# Of the budget, at most, for workspace definitions. Chosen with the form below by bench context
+# on smol, two packages released after it was trained (docs/context.md): 0.1 found less, 0.4 took
+# too much of the file (prefix kept fell by a third).
 CONTEXT_SHARE = 0.25
 POSTPROCESS_SUFFIX_CHARS = 2000
 LOOKUP_CHARS = 200_000
@@ -81,6 +82,12 @@ class ContextBuilder:
     budget: int
     fim_tokens: tuple[str, str, str] | None = None
     workspace_context: bool = False
+    # The form of the workspace context; bench context compares them (see CONTEXT_SHARE). A
+    # class's fields and methods ("members") measured worse than its signature and docstring
+    # line alone on smol, comments ("comment") no better than code.
+    context_share: float = CONTEXT_SHARE
+    context_detail: str = "signatures"  # signature, first docstring line; "members" adds a class's
+    context_form: str = "code"          # as code under a path comment; "comment": every line one
     _state: dict[str, _CutState] = field(default_factory=dict)
     _workspace: WorkspaceSource = field(default_factory=WorkspaceSource)
 
@@ -119,21 +126,29 @@ class ContextBuilder:
     def _context(self, key: str, source: str, offset: int, others: Sequence[tuple[str, str]],
                  roots: Sequence[str]) -> str:
         """The definitions the file imports, the likeliest next nearest the file, within
-        CONTEXT_SHARE of the budget; each file's block headed by its path, as if it came first."""
+        context_share of the budget; each file's block headed by its path, as if it came first."""
         self._workspace.set_roots(roots)
         open_docs = {p: t for name, t in others if (p := to_path(name)) is not None}
         found = import_definitions(self._workspace, source[:offset], to_path(key), open_docs)
         if not found:
             return ""
-        chosen, used, limit = [], 0, int(self.budget * CONTEXT_SHARE)
+
+        def shown(d: Definition) -> str:
+            text = d.short if self.context_detail == "signatures" else d.text
+            if self.context_form == "comment":
+                # Every line a comment: notes above the file, not code the file already holds.
+                text = "\n".join(f"# {line}" for line in text.splitlines())
+            return text
+
+        chosen, used, limit = [], 0, int(self.budget * self.context_share)
         for d in sorted(found, key=lambda d: -_last_use(source, offset, d.name)):
-            n = self.count_tokens(d.text + "\n")
+            n = self.count_tokens(shown(d) + "\n")
             if used + n <= limit:
                 chosen.append(d)
                 used += n
         blocks: dict[Path, list[str]] = {}
         for d in reversed(chosen):
-            blocks.setdefault(d.path, []).append(d.text)
+            blocks.setdefault(d.path, []).append(shown(d))
         return "".join(f"# {self._shown_path(p)}\n" + "\n".join(texts) + "\n\n"
                        for p, texts in blocks.items())
 

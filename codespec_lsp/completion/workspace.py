@@ -5,7 +5,9 @@ more than the text windows most like the lines above (those measured worse than 
 bench/context.py). So the names the file imports with `from M import a, b` are resolved to the
 module's file, found first among the open documents, then on disk under the workspace roots, and
 each one's header (decorators, signature, first docstring line; for a class also its fields and
-method signatures) is put before the file in the prompt.
+method signatures) is put before the file in the prompt. A module imported whole (`import M`,
+`import M as m`, `from pkg import module`) gives the attributes the file reads from it
+(`m.attr`), then the module's other signatures, one line each.
 
 Promises:
 - Disk reads stay inside the workspace roots (a symlink pointing out of them is not followed),
@@ -36,7 +38,8 @@ MAX_METHODS = 8         # per class: the signatures a call on an instance most l
 MAX_FIELDS = 12
 MAX_LINE_CHARS = 160
 _SKIP_DIRS = {".git", "__pycache__", "node_modules", ".hg", ".svn"}
-IMPORT_STATEMENT = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)", re.M)
+IMPORT_STATEMENT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)"
+                              r"|import[ \t]+([\w. \t,]+))", re.M)
 
 
 def to_path(name: str) -> Path | None:
@@ -51,17 +54,51 @@ def to_path(name: str) -> Path | None:
 def imported_names(source: str) -> list[tuple[int, str, list[str]]]:
     """(level, module, names) of each `from M import names` (relative: level = number of dots).
     Read with a regex, not ast: the file being typed rarely parses."""
+    return [(level, module, [name for name, _ in pairs])
+            for level, module, pairs in imported_names_as(source)]
+
+
+def imported_names_as(source: str) -> list[tuple[int, str, list[tuple[str, str]]]]:
+    """imported_names with each name's alias: `a as b` is ("a", "b") (the definition is found
+    under `a`, the file writes `b`)."""
     out = []
     for m in IMPORT_STATEMENT.finditer(source):
+        if m.group(3) is None:
+            continue  # `import M`: imported_modules
         names = []
         for part in m.group(3).strip("()").replace("\n", ",").split(","):
-            part = part.split("#")[0].strip()
-            words = part.split()
+            words = part.split("#")[0].split()
             if words and words[0] != "*" and words[0].isidentifier():
-                names.append(words[0])  # `a as b`: the definition is found under `a`
+                alias = words[2] if len(words) == 3 and words[1] == "as" else words[0]
+                names.append((words[0], alias))
         if names:
             out.append((len(m.group(1)), m.group(2), names))
     return out
+
+
+def imported_modules(source: str) -> list[tuple[str, str]]:
+    """(module, the name code reaches it by) of each `import a.b` ("a.b", "a.b") and
+    `import a.b as m` ("a.b", "m")."""
+    out = []
+    for m in IMPORT_STATEMENT.finditer(source):
+        for part in (m.group(4) or "").split(","):
+            words = part.split()
+            if len(words) == 1 and _dotted(words[0]):
+                out.append((words[0], words[0]))
+            elif len(words) == 3 and words[1] == "as" and _dotted(words[0]) and words[2].isidentifier():
+                out.append((words[0], words[2]))
+    return out
+
+
+def _dotted(name: str) -> bool:
+    return all(p.isidentifier() for p in name.split("."))
+
+
+def attributes_used(text: str, alias: str) -> list[str]:
+    """The attributes `text` reads from the module known as `alias` (`alias.attr`), each once,
+    the one read last first."""
+    found = re.findall(rf"(?<![\w.]){re.escape(alias)}\.(\w+)", text)
+    return list(dict.fromkeys(reversed(found)))
 
 
 class GitIgnore:
@@ -178,6 +215,7 @@ class WorkspaceSource:
 @dataclass
 class _Module:
     stubs: dict[str, str]                       # top-level name -> its header text
+    heads: dict[str, str]                       # the same, signature and docstring line only
     reexports: dict[str, tuple[int, str, str]]  # name -> (level, module, name there)
 
     @classmethod
@@ -188,20 +226,22 @@ class _Module:
             return None
         lines = text.splitlines()
         stubs: dict[str, str] = {}
+        heads: dict[str, str] = {}
         reexports: dict[str, tuple[int, str, str]] = {}
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 stubs[node.name] = _stub(node, lines)
+                heads[node.name] = "\n".join(_header(node) + ["    ..."])
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.end_lineno == node.lineno:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for t in targets:
                     if isinstance(t, ast.Name):
-                        stubs[t.id] = _clip(lines[node.lineno - 1])
+                        stubs[t.id] = heads[t.id] = _clip(lines[node.lineno - 1])
             elif isinstance(node, ast.ImportFrom):
                 for alias in node.names:
                     reexports[alias.asname or alias.name] = (node.level, node.module or "",
                                                              alias.name)
-        return cls(stubs, reexports)
+        return cls(stubs, heads, reexports)
 
 
 def _clip(line: str) -> str:
@@ -269,46 +309,86 @@ def resolve_module(level: int, module: str, current: Path | None, roots: Sequenc
 
 @dataclass(frozen=True)
 class Definition:
-    name: str
+    name: str      # as the file writes it: `Config`, or `state.load` for a module's attribute
     path: Path     # the file it is defined in
-    text: str      # its header: what the prompt shows
+    text: str      # its header: what the prompt shows (a class: with fields, method signatures)
+    head: str = "" # signature and first docstring line only; text when empty
+
+    @property
+    def short(self) -> str:
+        return self.head or self.text
 
 
-def _find(source: WorkspaceSource, level: int, module: str, name: str, current: Path | None,
-          open_docs: dict[Path, str], budget: _Budget, depth: int = 0) -> Definition | None:
-    for path in resolve_module(level, module, current, source.roots):
-        mod = source.module(path, open_docs, budget)
-        if mod is None:
-            continue
+@dataclass
+class _Lookup:
+    """One import_definitions call: where to look, what the file says, what it may still read."""
+    source: WorkspaceSource
+    current: Path | None
+    open_docs: dict[Path, str]
+    text: str
+    budget: _Budget
+
+    def modules(self, level: int, module: str):
+        for path in resolve_module(level, module, self.current, self.source.roots):
+            mod = self.source.module(path, self.open_docs, self.budget)
+            if mod is not None:
+                yield path, mod
+
+
+def _find(look: _Lookup, level: int, module: str, name: str, alias: str, depth: int = 0
+          ) -> list[Definition]:
+    """`from <module> import <name>`: the name's definition, or, when `name` is a module of its
+    own (`from pkg import submodule`), the definitions of the attributes the file uses from it."""
+    for path, mod in look.modules(level, module):
         if name in mod.stubs:
-            return Definition(name, path, mod.stubs[name])
+            return [Definition(alias, path, mod.stubs[name], mod.heads.get(name, ""))]
         if name in mod.reexports and depth < REEXPORT_DEPTH:
             lv, m, there = mod.reexports[name]
-            return _find(source, lv, m, there, path, open_docs, budget, depth + 1)
-        sub = path.parent / name
-        for sub_path in (sub.with_suffix(".py"), sub / "__init__.py"):
-            if path.name == "__init__.py" and (found := source.module(sub_path, open_docs, budget)):
-                # `from pkg import submodule`: its top-level signatures, first line each
-                heads = [s.splitlines()[0] for s in found.stubs.values()
-                         if s.lstrip().startswith(("def ", "async def ", "class ", "@"))]
-                if heads:
-                    return Definition(name, sub_path, "\n".join(heads[:MAX_METHODS * 2]))
-        return None
-    return None
+            found = _find(look, lv, m, there, there, depth + 1)
+            if found:
+                return [Definition(alias, d.path, d.text, d.head) for d in found[:1]]
+        break
+    return _module_definitions(look, level, f"{module}.{name}" if module else name, alias)
+
+
+def _module_definitions(look: _Lookup, level: int, module: str, alias: str) -> list[Definition]:
+    """The attributes the file reads as `alias.attr`, then the module's other signatures (one
+    line each: the attribute about to be typed is likely among them)."""
+    for path, mod in look.modules(level, module):
+        used = [a for a in attributes_used(look.text, alias) if a in mod.stubs]
+        out = [Definition(f"{alias}.{a}", path, mod.stubs[a], mod.heads.get(a, "")) for a in used]
+        rest = [_first_signature(mod.heads[n]) for n in mod.heads if n not in used]
+        rest = [line + " ..." for line in rest if line][:MAX_METHODS * 2]
+        if rest:
+            out.append(Definition(alias, path, "\n".join(rest)))
+        return out
+    return []
+
+
+def _first_signature(head: str) -> str:
+    for line in head.splitlines():
+        if line.startswith(("def ", "async def ", "class ")):
+            return line
+    return ""
 
 
 def import_definitions(source: WorkspaceSource, text: str, current: Path | None,
                        open_docs: dict[Path, str]) -> list[Definition]:
-    """The definitions of the names `text` imports from workspace modules, in import order;
-    names found in no open document nor workspace file (the standard library, installed
-    packages) are left out."""
-    budget = _Budget(time.monotonic() + TIME_BUDGET_S)
+    """The definitions of the names `text` imports from workspace modules, in import order:
+    `from M import name` gives name's; `import M` (or `from pkg import M`) gives those of the
+    attributes read as `M.attr`, then M's other signatures. Names found in no open document nor
+    workspace file (the standard library, installed packages) are left out."""
+    look = _Lookup(source, current, open_docs, text, _Budget(time.monotonic() + TIME_BUDGET_S))
+    found: list[Definition] = []
+    for level, module, names in imported_names_as(text):
+        for name, alias in names:
+            found += _find(look, level, module, name, alias)
+    for module, alias in imported_modules(text):
+        found += _module_definitions(look, 0, module, alias)
     out: list[Definition] = []
     seen: set[tuple[Path, str]] = set()
-    for level, module, names in imported_names(text):
-        for name in names:
-            found = _find(source, level, module, name, current, open_docs, budget)
-            if found is not None and (found.path, found.name) not in seen and found.path != current:
-                seen.add((found.path, found.name))
-                out.append(found)
+    for d in found:
+        if (d.path, d.name) not in seen and d.path != current:
+            seen.add((d.path, d.name))
+            out.append(d)
     return out

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Fetches the packages the workspace-context measurements ran on (sources, pinned) into
+# ${1:-/work/ctxdata/dl}; they stay out of the repository. See README.md beside this file.
+set -euo pipefail
+dest="${1:-/work/ctxdata/dl}"
+mkdir -p "$dest"
+cd "$dest"
+for pkg in gepa==0.1.4 claude-agent-sdk==0.2.189 deepagents==0.7.32; do
+  python -m pip download -q --no-deps --no-binary :all: "$pkg" -d .
+done
+for f in gepa-0.1.4.tar.gz claude_agent_sdk-0.2.189.tar.gz deepagents-0.7.32.tar.gz; do
+  tar xzf "$f"
+done
+echo "tune:  $dest/gepa-0.1.4/src  $dest/claude_agent_sdk-0.2.189/src"
+echo "check: $dest/deepagents-0.7.32"
