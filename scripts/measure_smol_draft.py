@@ -115,6 +115,20 @@ def estimate(alpha: float, c: float, verify: list[float]) -> dict:
             "break_even_alpha": break_even(c, verify)}
 
 
+def verify_only(args) -> int:
+    """The target's forward time by tokens fed, at each thread count and dtype asked for."""
+    torch.set_num_threads(args.threads)
+    model = load_model(str(fetch.preset_dir("smol")), device="cpu", dtype=getattr(torch, args.dtype))
+    ms = time_forwards({"target": model}, [int(c) for c in args.contexts.split(",")], args.reps,
+                       [1, 2, 3, 4, 5, 6])
+    result = {"threads": args.threads, "dtype": args.dtype, "contexts": args.contexts, "forward_ms": ms,
+              "ratio_to_one": {k: round(v / ms["target@1"], 3) for k, v in ms.items()}}
+    print(json.dumps(result))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -124,8 +138,13 @@ def main() -> int:
     ap.add_argument("--windows", type=int, default=24)
     ap.add_argument("--contexts", default="384,1024")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--verify-only", action="store_true",
+                    help="only the target's forward times by tokens fed (the verify costs)")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args()
+    if args.verify_only:
+        return verify_only(args)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     folder = str(fetch.preset_dir("smol"))
