@@ -14,8 +14,8 @@ from codespec_lsp.engine import load_engine
 pytestmark = pytest.mark.slow
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 
-BENCH_FIELDS = ["preset", "device", "points", "lossless", "acceptance_rate",
-                "tokens_per_target_forward", "speedup", "time_split_s", "time_split_per_request_ms",
+BENCH_FIELDS = ["preset", "device", "draft", "drafter", "points", "lossless", "acceptance_rate",
+                "tokens_per_target_forward", "speedup", "draft_cost_ratio", "verify_cost_by_k", "time_split_s", "time_split_per_request_ms",
                 "next_token_accuracy", "unigram_accuracy",
                 "prompt_window_tokens", "next_token_accuracy_prompt_window",
                 "prefill_tokens_per_keystroke", "prefill_tokens_per_keystroke_nocache",
@@ -47,6 +47,7 @@ def test_complete_rejects_positions_outside_the_file(capsys):
 
 def test_bench_engine_fields_and_invariants():
     engine = load_engine(preset="tiny", device="cpu")
+    engine.fixed_k = 2  # drafting on every step, so the cost ratio is measured however K adapts
     out = engine_bench(engine, points=2, max_tokens=12, keystrokes=3, cancel_trials=2)
     assert list(out) == BENCH_FIELDS
     assert out["points"] == 2 and out["preset"] == "tiny" and out["device"] == "cpu"
@@ -58,6 +59,11 @@ def test_bench_engine_fields_and_invariants():
         "prefill_ms", "draft_ms", "verify_ms", "other_ms"}
     assert all(v >= 0.0 for d in split.values() for v in d.values())
     assert 0.0 <= out["acceptance_rate"] <= 1.0 and out["tokens_per_target_forward"] >= 1.0
+    assert out["draft"] == engine.draft_name is not None and out["drafter"] == "auto"
+    verify = out["verify_cost_by_k"]
+    assert verify[0] == 1.0 and verify == sorted(verify) and len(verify) == 9
+    # the run proposed drafts (fixed_k below), so c is measured, positive and finite
+    assert out["draft_cost_ratio"] is not None and 0.0 < out["draft_cost_ratio"] < 100.0
     assert out["next_token_accuracy"] > out["unigram_accuracy"] > 0
     assert out["prompt_window_tokens"] > 512  # the length completion prompts really reach
     assert out["next_token_accuracy_prompt_window"] > out["unigram_accuracy"]

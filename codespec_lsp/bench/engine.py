@@ -22,6 +22,11 @@ What each field means (the README quotes these):
                                 decoding (prompt cached, as while typing); a cancel during a cold
                                 prefill waits for one prefill chunk instead (128 tokens)
   target_forward_ms_p50         median target forward (verify) time over the run
+  draft                         the draft model's folder (None: n-gram prompt lookup only)
+  draft_cost_ratio              drafting seconds per proposed token / the median 1-token target
+                                forward, speculative runs (speedup.py's c; None if none proposed)
+  verify_cost_by_k              a target forward over k+1 tokens in 1-token forwards, k = 0..8,
+                                as adaptive K last read them (VerifyTimes; unmeasured k assumed)
   time_split_s                  per mode ("target", "spec"): seconds of prefill, draft, verify and
                                 the rest, summed over the points (..._per_request_ms: per point)
   second_corpus                 points, lossless, acceptance_rate, tokens_per_target_forward,
@@ -208,6 +213,7 @@ def speed(engine: Engine, prompts: list[str], max_tokens: int, repeats: int = 2)
     parts = ("prefill_s", "draft_s", "verify_s", "other_s")
     split = {mode: dict.fromkeys(parts, 0.0) for mode in wall}  # where each mode's time went
     proposed = accepted = spec_tokens = spec_forwards = 0
+    spec_draft_s = 0.0
     for i, prompt in enumerate(prompts):
         _prefill(engine, prompt)  # prompt in both caches for both runs: decode against decode
         fastest = {}
@@ -222,6 +228,7 @@ def speed(engine: Engine, prompts: list[str], max_tokens: int, repeats: int = 2)
             accepted += runs["spec"].accepted
             spec_tokens += len(runs["spec"].tokens)
             spec_forwards += runs["spec"].target_forwards
+            spec_draft_s += runs["spec"].draft_s
         for mode, run_ in fastest.items():
             wall[mode] += run_.wall_s
             for part in parts:
@@ -232,11 +239,22 @@ def speed(engine: Engine, prompts: list[str], max_tokens: int, repeats: int = 2)
         "acceptance_rate": round(accepted / proposed, 4) if proposed else 0.0,
         "tokens_per_target_forward": round(spec_tokens / max(spec_forwards, 1), 3),
         "speedup": round(wall["target"] / wall["spec"], 3),
+        "draft_cost_ratio": _cost_ratio(engine, spec_draft_s, proposed),
+        "verify_cost_by_k": [round(c, 3) for c in engine.verify_times.costs()],
         "time_split_s": {m: {k: round(v, 4) for k, v in d.items()} for m, d in split.items()},
         "time_split_per_request_ms": {
             m: {k.removesuffix("_s") + "_ms": round(v * 1000 / len(prompts), 3) for k, v in d.items()}
             for m, d in split.items()},
     }
+
+
+def _cost_ratio(engine: Engine, draft_s: float, proposed: int) -> float | None:
+    """Drafting seconds per proposed token over the median 1-token target forward, as the run
+    measured them (the c of engine/speedup.py); None when nothing was proposed or timed."""
+    one = engine.verify_times.one()
+    if not proposed or not one:
+        return None
+    return round(draft_s / proposed / one, 4)
 
 
 def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
@@ -274,6 +292,8 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
     return {
         "preset": engine.preset,
         "device": engine.device,
+        "draft": engine.draft_name,
+        "drafter": engine.drafter,
         **main,
         "next_token_accuracy": round(accuracy, 4),
         "unigram_accuracy": round(unigram, 4),

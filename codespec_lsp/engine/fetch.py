@@ -187,7 +187,8 @@ def run_fetch(args) -> int:
         print(f"codespec-lsp fetch: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        # "draft": the preset's draft model once it has one to fetch; n-gram drafting until then.
+        # "draft": the preset's draft folder; null while the preset drafts by prompt lookup only
+        # (smol: no candidate beat the target alone on a CPU, docs/draft.md).
         print(json.dumps({"preset": args.name, "path": str(folder), "bytes": folder_bytes(folder),
                           "draft": None}))
     else:
