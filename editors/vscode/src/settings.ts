@@ -27,6 +27,7 @@ export interface ExtensionSettings {
   trustRemoteCode: boolean;
   maxTokens: number | null;
   debounceMs: number | null;
+  timeBudgetMs: number | null;
   contextTokens: number | null;
   workspaceContext: boolean;
   minConfidence: number | null;
@@ -51,6 +52,7 @@ export type ServerSettings = Partial<{
   trustRemoteCode: boolean;
   maxTokens: number;
   debounceMs: number;
+  timeBudgetMs: number;
   contextTokens: number;
   workspaceContext: boolean;
   minConfidence: number;
@@ -96,6 +98,7 @@ export function readSettings(cfg: ConfigLike): ExtensionSettings {
     trustRemoteCode: cfg.get<boolean>('trustRemoteCode') === true,
     maxTokens: int(cfg.get('maxTokens')),
     debounceMs: int(cfg.get('debounceMs')),
+    timeBudgetMs: int(cfg.get('timeBudgetMs')),
     contextTokens: int(cfg.get('contextTokens')),
     workspaceContext: cfg.get<boolean>('workspaceContext') === true,
     minConfidence: num(cfg.get('minConfidence')),
@@ -112,7 +115,7 @@ export function readSettings(cfg: ConfigLike): ExtensionSettings {
 /** The server-side keys, in the order they are sent. */
 export const SERVER_KEYS = [
   'enable', 'preset', 'draft', 'target', 'device', 'dtype', 'allowDownload', 'trustRemoteCode',
-  'maxTokens', 'debounceMs', 'contextTokens', 'workspaceContext', 'minConfidence', 'copyWeight',
+  'maxTokens', 'debounceMs', 'timeBudgetMs', 'contextTokens', 'workspaceContext', 'minConfidence', 'copyWeight',
   'wordBias', 'exact', 'remote', 'remoteModel', 'apiKeyEnv', 'logLevel',
 ] as const;
 

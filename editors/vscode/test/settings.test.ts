@@ -26,6 +26,7 @@ const defaults = {
   device: 'auto',
   maxTokens: null,
   debounceMs: null,
+  timeBudgetMs: null,
   contextTokens: null,
   dtype: null,
   allowDownload: false,
@@ -96,6 +97,7 @@ test('set values become initializationOptions in the server\'s camelCase keys', 
       device: 'cuda:1',
       maxTokens: 64,
       debounceMs: 0,
+      timeBudgetMs: 400,
       contextTokens: 1024,
       enable: false,
     }),
@@ -108,6 +110,7 @@ test('set values become initializationOptions in the server\'s camelCase keys', 
     device: 'cuda:1',
     maxTokens: 64,
     debounceMs: 0,
+    timeBudgetMs: 400,
     contextTokens: 1024,
     ...defaultSwitches,
   });
@@ -117,7 +120,7 @@ test('the server never receives keys it does not know (it reports them as errors
   const s = readSettings(config({ ...defaults, preset: 'tiny', 'server.args': ['--log-file', 'x'] }));
   const known = [
     'enable', 'preset', 'draft', 'target', 'device', 'dtype', 'allowDownload', 'trustRemoteCode',
-    'maxTokens', 'debounceMs', 'contextTokens', 'workspaceContext', 'minConfidence', 'copyWeight',
+    'maxTokens', 'debounceMs', 'timeBudgetMs', 'contextTokens', 'workspaceContext', 'minConfidence', 'copyWeight',
     'wordBias', 'exact', 'remote', 'remoteModel', 'apiKeyEnv', 'logLevel',
   ];
   for (const key of Object.keys(serverSettings(s))) assert.ok(known.includes(key), key);
