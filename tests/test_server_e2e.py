@@ -309,7 +309,7 @@ async def test_cancel_request_stops_the_engine_within_a_forward():
         **os.environ, "FAKE_FORWARD_S": "0.05"}).start()
     await client.initialize_session(types.InitializeParams(
         capabilities=types.ClientCapabilities(),
-        initialization_options={"debounceMs": 0, "maxTokens": 400}))
+        initialization_options={"debounceMs": 0, "maxTokens": 400, "timeBudgetMs": 0}))  # still generating at the cancel
     await wait_ready(client)
     uri = open_doc(client, "long.py", "long = ")  # the fake engine's 300-term continuation
     before, c0 = await stats(client), await counters(client)

@@ -246,9 +246,11 @@ class Scheduler:
                         engine: Any, max_tokens: int, t0: float) -> Outcome:
         loop = asyncio.get_running_loop()
         early: asyncio.Future = loop.create_future()
-        budget_s = settings.time_budget_ms / 1000 - (self._clock() - t0) if settings.time_budget_ms else None
+        # Absolute, so time queued behind another document's generation counts against it too.
+        deadline = (time.perf_counter() + settings.time_budget_ms / 1000 - (self._clock() - t0)
+                    if settings.time_budget_ms else None)
         job.future = loop.run_in_executor(self._executor, self._run, engine, job.ticket, req, settings,
-                                          max_tokens, budget_s, _resolver(loop, early))
+                                          max_tokens, deadline, _resolver(loop, early))
         # An overtaken generation is accounted (as waste) when it really ends.
         job.future.add_done_callback(lambda f: job.abandoned and self._account(job))
         either = _first(job.future, early)
@@ -334,12 +336,11 @@ class Scheduler:
     # Runs on the engine thread: everything that touches the engine or its tokenizer, inside
     # the future, so whatever raises here (the prompt included) ends as one "error" outcome.
     def _run(self, engine: Any, ticket: Ticket, req: CompletionRequest, settings: Settings,
-             max_tokens: int, budget_s: float | None = None,
+             max_tokens: int, deadline: float | None = None,
              early: Callable[[tuple], None] | None = None) -> _Ran:
         if ticket.cancel.cancelled:
             return _Ran(None)  # overtaken while queued: no forward spent
         builder = _Recording(self._context_builder(engine, settings))
-        deadline = time.perf_counter() + budget_s if budget_s is not None else None
         result, text = complete_at(
             engine, builder, req.key, _clean(req.source), req.offset, max_tokens=max_tokens,
             cancel=ticket.cancel, others=[(n, _clean(t)) for n, t in req.others],
