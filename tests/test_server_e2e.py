@@ -307,9 +307,10 @@ async def test_cancel_request_stops_the_engine_within_a_forward():
     forward for 100+ forwards here, so the cancel surely lands mid-generation."""
     client = await ClientServerConfig(server_command=FAKE, server_env={
         **os.environ, "FAKE_FORWARD_S": "0.05"}).start()
+    # No time budget: the request must still be generating when the cancel comes.
     await client.initialize_session(types.InitializeParams(
         capabilities=types.ClientCapabilities(),
-        initialization_options={"debounceMs": 0, "maxTokens": 400, "timeBudgetMs": 0}))  # still generating at the cancel
+        initialization_options={"debounceMs": 0, "maxTokens": 400, "timeBudgetMs": 0}))
     await wait_ready(client)
     uri = open_doc(client, "long.py", "long = ")  # the fake engine's 300-term continuation
     before, c0 = await stats(client), await counters(client)
