@@ -273,9 +273,10 @@ async def replay(client: _Client, keystrokes: int, interval_s: float,
             if not f.cancelled() and f.exception() is not None and msg_id in seen_by_user:
                 tally.errors += 1
             if msg_id in seen_by_user and not failed:
-                tally.latencies_ms.append((time.perf_counter() - sent) * 1000)
+                ms = (time.perf_counter() - sent) * 1000
+                tally.latencies_ms.append(ms)
                 if pause and _shown(f):
-                    tally.pause_latencies_ms.append((time.perf_counter() - sent) * 1000)
+                    tally.pause_latencies_ms.append(ms)
 
         fut.add_done_callback(done)
         pending = (msg_id, fut, sent)

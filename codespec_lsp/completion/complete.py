@@ -228,9 +228,7 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
                            copy_weight=copy_weight,
                            **generate_options)
     def shown(text: str, result: GenerationResult) -> str | None:
-        if heal:  # the text as seen from the cursor: what was backed up over is already typed
-            text = text[len(heal):] if text.startswith(heal) else ""
-        return finalize(text, line_prefix, prompt.suffix, mode,
+        return finalize(_from_cursor(text, heal), line_prefix, prompt.suffix, mode,
                         logprobs=token_logprobs(backend.tokenizer, ids, result, heal),
                         min_confidence=scoring.min_confidence)
 
@@ -242,9 +240,15 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     if result.cancelled:
         return result, None
     text = shown(result.text, result)
-    if heal:
-        result.text = result.text[len(heal):] if result.text.startswith(heal) else ""
+    result.text = _from_cursor(result.text, heal)
     return result, text
+
+
+def _from_cursor(text: str, heal: str) -> str:
+    """The model's text as seen from the cursor: what healing backed up over is already typed."""
+    if not heal:
+        return text
+    return text[len(heal):] if text.startswith(heal) else ""
 
 
 def whole_words(text: str) -> str:

@@ -22,7 +22,7 @@ import functools
 import time
 import weakref
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -170,28 +170,33 @@ class Engine:
         stores = [self.target_cache]
         if self.model_drafter is not None:
             stores.append(self.model_drafter.prefix_cache)
-        self._cancel = None  # chunks run whole (module docstring); `is_cancelled` between them
-        try:
-            for i, store in enumerate(stores):
-                kv = store.acquire(key, seq)
-                reused, done = len(kv), False
-                try:
-                    done = kv.prefill(seq[len(kv):-1], self.prefill_chunk, is_cancelled)
-                except BaseException:
-                    kv.reset()  # mid-forward: the layers may hold different lengths
-                    raise
-                finally:
-                    store.release(key, kv)
-                if i == 0:
-                    result.reused_tokens = reused
-                    result.prefill_tokens = len(seq) - 1 - reused if done else 0
-                if not done:
-                    result.cancelled, result.stop_reason = True, "cancelled"
-                    break
-        finally:
-            self._cancel = None
+        for i, store in enumerate(stores):
+            kv = store.acquire(key, seq)
+            reused, done = len(kv), False
+            try:
+                done = self._prefill_whole(kv, seq[len(kv):-1], is_cancelled)
+            except BaseException:
+                kv.reset()  # mid-forward: the layers may hold different lengths
+                raise
+            finally:
+                store.release(key, kv)
+            if i == 0:
+                result.reused_tokens = reused
+                result.prefill_tokens = len(seq) - 1 - reused if done else 0
+            if not done:
+                result.cancelled, result.stop_reason = True, "cancelled"
+                break
         result.wall_s = result.prefill_s = time.perf_counter() - started
         return result
+
+    def _prefill_whole(self, kv, ids: list[int], cancelled: Callable[[], bool]) -> bool:
+        """kv.prefill with every chunk run whole (module docstring): `cancelled` is asked between
+        chunks only, and the request's between-layers check is put back after."""
+        held, self._cancel = self._cancel, None
+        try:
+            return kv.prefill(ids, self.prefill_chunk, cancelled)
+        finally:
+            self._cancel = held
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -327,11 +332,7 @@ class _Run:
 
     def _prefill(self, target) -> None:
         t0 = time.perf_counter()
-        engine, self.engine._cancel = self.engine, None  # chunks run whole (module docstring)
-        try:
-            done = target.prefill(self.seq[len(target):-1], engine.prefill_chunk, self.opts.cancelled)
-        finally:
-            engine._cancel = self.opts.cancel
+        done = self.engine._prefill_whole(target, self.seq[len(target):-1], self.opts.cancelled)
         self.result.prefill_s = time.perf_counter() - t0
         if done:
             self.result.prefill_tokens = self.prompt_len - self.result.reused_tokens
