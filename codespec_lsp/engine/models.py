@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 from codespec_lsp import TINY_DIR
-from codespec_lsp.engine import fetch, hf
+from codespec_lsp.engine import cpu_linear, fetch, hf
 from codespec_lsp.engine.api import MissingExtraError, ModelLoadError, TokenizerMismatchError
 from codespec_lsp.engine.engine import Engine
 from codespec_lsp.engine.pairing import compare_tokenizers
@@ -182,6 +182,8 @@ def load_model(ref: str, *, device: str, dtype: torch.dtype, allow_download: boo
                              f"the checkpoint ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
                              f"is it a quantized checkpoint whose config.json has no quantization_config, "
                              f"or a config that does not match the weights?")
+    if device == "cpu":
+        model.cpu_linear_plan = cpu_linear.install(model)
     return model.eval()
 
 
