@@ -56,3 +56,12 @@ def test_whole_words_drops_a_word_the_next_token_may_extend():
     assert whole_words("return ") == "return "
     assert whole_words("x = foo(") == "x = foo("
     assert whole_words("value") == ""
+    # a keyword code almost never extends is whole at once; a line-start one only at a line start
+    assert whole_words("\n        if") == "\n        if"
+    assert whole_words("x = a if b else") == "x = a if b else"
+    assert whole_words("    for") == "    for"
+    assert whole_words("\n    for") == "\n    for"
+    assert whole_words("x = [a for") == "x = [a "
+    assert whole_words("elif x is") == "elif x "  # `is` may become `isinstance`
+    assert whole_words("my_if") == ""
+    assert whole_words("self.return") == "self."  # an attribute: `self.returns`

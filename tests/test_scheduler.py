@@ -97,6 +97,14 @@ def test_fast_typing_with_slow_model_waits_for_a_pause():
     assert delay == pytest.approx(0.15) and tokens == 48
 
 
+def test_fast_typing_does_not_stretch_the_debounce_at_a_line_start():
+    r = Rhythm()
+    _typed(r, [0.1] * 5)
+    r.generated(wall_s=0.44, tokens=21)
+    assert r.plan(0.06, 48, line_start=True) == (0.06, 48)
+    assert r.plan(0.06, 48)[0] == pytest.approx(0.15)  # mid-line it still waits for a pause
+
+
 def test_generation_is_cut_to_fit_the_gap():
     r = Rhythm()
     _typed(r, [0.3] * 5)

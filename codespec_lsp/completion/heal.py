@@ -146,6 +146,10 @@ class HealVocab:
         at = bisect.bisect_right(self._sorted, text)
         return at < len(self._sorted) and self._sorted[at].startswith(text)
 
+    def ids_of(self, text: str) -> list[int]:
+        """The ids whose text is `text` ([] if none)."""
+        return self._ids_of.get(text, [])
+
     def longest_prefix(self, rest: str, proper: bool = True) -> int:
         """Length of the longest id text that is a prefix of `rest`, a proper one unless `proper`
         is False (0: none)."""
@@ -198,6 +202,16 @@ class Heal:
         self.word = typed if self.words and word_bias > 0 else None  # the word so far
         self.word_bias = word_bias
         self._unlikely: dict[tuple[str, str, torch.device], torch.Tensor] = {}
+
+    @property
+    def opening(self) -> list[int]:
+        """The token the target almost surely writes first, drafted for free: after typed
+        indentation, the longest piece that leaves one space, as the tokenizer writes a line
+        ("\n       " + " if" for 8 spaces). Verified like any draft: only speed rides on it."""
+        if not self.indent or not self.rest:
+            return []
+        n = self.vocab.longest_prefix(self.rest)
+        return self.vocab.ids_of(self.rest[:n])[:1] if n == len(self.rest) - 1 else []
 
     def allowed(self, rest: str, device: torch.device | str = "cpu") -> torch.Tensor:
         return self.vocab.allowed(rest, self.indent, device)

@@ -57,8 +57,10 @@ class Rhythm:
         per = max(per, 1e-4)
         return max(_median([w - per * n for n, w in pts]), 0.0), per
 
-    def plan(self, base_s: float, max_tokens: int) -> tuple[float, int]:
-        """(debounce seconds, max new tokens) for the next request."""
+    def plan(self, base_s: float, max_tokens: int, line_start: bool = False) -> tuple[float, int]:
+        """(debounce seconds, max new tokens) for the next request. `line_start`: the cursor is
+        after a line's indentation, where typists pause to read a suggestion, so the debounce is
+        never stretched there (a wasted generation when they type on is one per line)."""
         if len(self._gaps) < 2:
             return base_s, max_tokens
         typical = _median(list(self._gaps))
@@ -67,6 +69,8 @@ class Rhythm:
             fits = int((typical * self.FILL - base_s - fixed) / per + 1e-9)
             if fits >= min(self.MIN_TOKENS, max_tokens):
                 return base_s, min(max_tokens, fits)
+        if line_start:
+            return base_s, max_tokens
         # Past the typical gap, or the model would start just in time to be cancelled.
         return max(base_s, min(typical * 1.5, self.MAX_DEBOUNCE_S)), max_tokens
 

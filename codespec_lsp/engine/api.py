@@ -127,6 +127,7 @@ class TokenConstraint(Protocol):
     `allowed(rest)` for the ids that may re-type `rest`."""
 
     rest: str  # the text the next tokens must still re-type ("" once it is re-typed)
+    opening: list[int]  # the ids it expects first ([]: no guess); the engine drafts them for free
     stuck: bool  # no token may go on: the generation ends (stop_reason "heal"), never a -inf row
 
     def mask(self, logits: "torch.Tensor", drafted: list[int]) -> "torch.Tensor":

@@ -42,7 +42,8 @@ class Drafter(Protocol):
     name: str
     forwards: int  # draft-model forward passes so far (0 for free drafters)
 
-    def begin(self, key: str | None, prompt: list[int], lookup: list[int]) -> None: ...
+    def begin(self, key: str | None, prompt: list[int], lookup: list[int],
+              opening: list[int] = ()) -> None: ...  # opening: ids expected first (a free guess)
 
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
                 cancel: CancelToken | None) -> Proposal: ...
@@ -64,6 +65,8 @@ class NgramDrafter:
         self._reference_index: dict[tuple[int, ...], int] = {}
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0
+        self._opening: list[int] = []
+        self._prompt_len = 0
 
     def _extend_index(self, index: dict, seq: list[int], start: int, stop: int) -> None:
         # index[ngram] = position right after its latest occurrence that still has a continuation
@@ -72,8 +75,10 @@ class NgramDrafter:
                 if end - n >= 0:
                     index[tuple(seq[end - n:end])] = end
 
-    def begin(self, key: str | None, prompt: list[int], lookup: list[int]) -> None:
+    def begin(self, key: str | None, prompt: list[int], lookup: list[int],
+              opening: list[int] = ()) -> None:
         self._index, self._indexed = {}, 0
+        self._opening, self._prompt_len = list(opening), len(prompt)
         if lookup != self._reference:
             self._reference, self._reference_index = list(lookup), {}
             self._extend_index(self._reference_index, self._reference, 0, len(self._reference))
@@ -82,15 +87,24 @@ class NgramDrafter:
                 cancel: CancelToken | None = None) -> Proposal:
         self._extend_index(self._index, tokens, self._indexed, len(tokens))
         self._indexed = len(tokens)  # the current suffix has no continuation yet: not indexed, no self-match
+        # Nothing generated yet: the opening first, then what followed it before in the file.
+        opening = self._opening[:k] if self._opening and len(tokens) == self._prompt_len else []
+        return Proposal(opening + self._lookup(tokens, tokens + opening, k - len(opening)), None)
+
+    def _lookup(self, tokens: list[int], ending: list[int], k: int) -> list[int]:
+        """What followed the latest earlier occurrence of the longest suffix of `ending` (the
+        tokens, or the tokens and the opening) in `tokens` or the lookup text, up to k tokens."""
+        if k <= 0:
+            return []
         for n in range(self.max_match, self.min_match - 1, -1):
-            if len(tokens) < n:
+            if len(ending) < n:
                 continue
-            key = tuple(tokens[-n:])
+            key = tuple(ending[-n:])
             for seq, index in ((tokens, self._index), (self._reference, self._reference_index)):
                 start = index.get(key)
                 if start is not None:
-                    return Proposal(seq[start:start + k], None)
-        return Proposal([], None)
+                    return seq[start:start + k]
+        return []
 
     def rollback(self, n: int) -> None:
         pass  # the index only holds positions with a continuation: nothing past the prompt lies
@@ -115,8 +129,9 @@ class ModelDrafter:
         self.forwards = 0
         self.kv: KV | None = None
 
-    def begin(self, key: str | None, prompt: list[int], lookup: list[int]) -> None:
-        self.kv = self.prefix_cache.acquire(key, prompt)
+    def begin(self, key: str | None, prompt: list[int], lookup: list[int],
+              opening: list[int] = ()) -> None:
+        self.kv = self.prefix_cache.acquire(key, prompt)  # it drafts its own opening
 
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
                 cancel: CancelToken | None) -> Proposal:

@@ -38,6 +38,11 @@ from codespec_lsp.engine.kvcache import PrefixCache
 from codespec_lsp.engine.speculative import K_MAX, step
 PREFILL_RESERVE = 64 + K_MAX + 1  # room kept after the prompt: prefill and generate cut alike
 TRUNCATE_STEP = 256  # over-long prompts lose their head in steps this big (cache-friendly)
+# Uncached prompt tokens (up to this many) that ride in the first step's forward instead of a
+# prefill forward of their own: a keystroke's delta is one to three tokens, and a forward over
+# 3 + K tokens costs about one over 1 (engine/cpu_linear.py; on a GPU too), so this saves a
+# whole forward before the first token.
+FIRST_STEP_PROMPT = 4
 
 
 @dataclass(frozen=True)
@@ -276,8 +281,9 @@ class _Run:
         engine._cancel = opts.cancel
         failed = False
         try:
+            opening = list(getattr(opts.constraint, "opening", None) or ())
             for source in sources:
-                source.begin(opts.key, seq, list(opts.lookup_ids))
+                source.begin(opts.key, seq, list(opts.lookup_ids), opening)
             self._prefill(target)
             while not result.cancelled and result.stop_reason == "max_tokens":
                 new_count = len(seq) - self.prompt_len
@@ -332,7 +338,8 @@ class _Run:
 
     def _prefill(self, target) -> None:
         t0 = time.perf_counter()
-        done = self.engine._prefill_whole(target, self.seq[len(target):-1], self.opts.cancelled)
+        upto = max(len(target), len(self.seq) - FIRST_STEP_PROMPT)  # the rest: the first step's
+        done = self.engine._prefill_whole(target, self.seq[len(target):upto], self.opts.cancelled)
         self.result.prefill_s = time.perf_counter() - t0
         if done:
             self.result.prefill_tokens = self.prompt_len - self.result.reused_tokens

@@ -95,7 +95,8 @@ def step(target, seq: list[int], drafts: list, sampling, vocab: int, cancel=None
          copy=None) -> Step:
     """One speculative step: draft K, verify them in one target forward, accept, crop both caches.
 
-    target: a KV holding a prefix of seq, at least seq[:-1]. drafts: (drafter, K) pairs, asked in
+    target: a KV holding a prefix of seq (what it lacks, at most a few prompt tokens at the first
+    step, is fed in the same forward as the drafts). drafts: (drafter, K) pairs, asked in
     turn until one proposes. Returns the new tokens: the longest accepted draft prefix, then one
     token from the target (its correction, or the bonus token when every draft was kept).
     heal (heal.Heal) and copy (copy_prior.CopyPrior) are part of the target's scores: drafts are

@@ -228,7 +228,8 @@ class Scheduler:
         """Debounce (stretched by the rhythm); the max tokens to generate, or None if the
         request went stale meanwhile."""
         base = settings.debounce_ms / 1000
-        delay, max_tokens = self.rhythm.plan(base, settings.max_tokens)
+        line = req.source[req.source.rfind("\n", 0, req.offset) + 1:req.offset]
+        delay, max_tokens = self.rhythm.plan(base, settings.max_tokens, line_start=not line.strip())
         if delay > base:
             # Typing faster than the model answers: no generation until a pause, but keep the
             # KV cache level with the typing (a few tokens a keystroke), so the answer at
