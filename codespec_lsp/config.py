@@ -56,7 +56,7 @@ class Settings:
     # what the model has written so far (whole words) is shown at once and the generation goes
     # on; its rest answers the next keystroke that types into it (typing-through). 0: wait for
     # the whole suggestion. Measured with `codespec-lsp bench server --pause-ms` (README).
-    time_budget_ms: int = field(default=250, metadata=_rule(lambda v: 0 <= v <= 60000, "0 to 60000"))
+    time_budget_ms: int = field(default=200, metadata=_rule(lambda v: 0 <= v <= 60000, "0 to 60000"))
     # Prefix budget in tokens; None sizes it from the model's context window.
     context_tokens: int | None = field(default=None, metadata=_rule(
         lambda v: 16 <= v <= 1_000_000, "16 to 1000000"))
