@@ -14,7 +14,7 @@ from codespec_lsp.engine import load_engine
 pytestmark = pytest.mark.slow
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 
-BENCH_FIELDS = ["preset", "device", "draft", "drafter", "points", "lossless", "acceptance_rate",
+BENCH_FIELDS = ["preset", "device", "draft", "drafter", "cpu_linear", "points", "lossless", "acceptance_rate",
                 "tokens_per_target_forward", "speedup", "draft_cost_ratio", "verify_cost_by_k", "time_split_s", "time_split_per_request_ms",
                 "next_token_accuracy", "unigram_accuracy",
                 "prompt_window_tokens", "next_token_accuracy_prompt_window",
@@ -51,6 +51,7 @@ def test_bench_engine_fields_and_invariants():
     out = engine_bench(engine, points=2, max_tokens=12, keystrokes=3, cancel_trials=2)
     assert list(out) == BENCH_FIELDS
     assert out["points"] == 2 and out["preset"] == "tiny" and out["device"] == "cpu"
+    assert set(out["cpu_linear"]) <= set(range(2, 9))  # the row counts taken transposed on this CPU
     assert out["lossless"] is True
     split = out["time_split_s"]
     assert split["target"]["draft_s"] == 0.0 and split["spec"]["verify_s"] > 0.0
