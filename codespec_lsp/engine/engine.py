@@ -10,7 +10,9 @@ Contracts:
   has with `cancelled=True`. A prefill chunk is never stopped inside: its KV is kept, and the
   next keystroke's prompt (the same prefix, a few characters longer) needs it. Cut between
   layers, a cold file's prefill, whose chunks outlast the gap between keystrokes on a CPU, was
-  thrown away at every keystroke and never finished while the user typed.
+  thrown away at every keystroke and never finished while the user typed. The last few uncached
+  prompt tokens (FIRST_STEP_PROMPT) are not prefilled: they ride in the first step's forward, which
+  a cancel may cut; the next request runs them again (a few tokens, not a chunk).
 - However a call ends (done, cancelled, error), both models' caches go back to their prefix
   caches holding exactly the tokens they have KV for, so the next request reuses them.
 - Not thread-safe: one worker thread owns an Engine.
