@@ -402,14 +402,3 @@ def test_opening_after_indentation_is_the_piece_the_tokenizer_writes_before_a_wo
     line.accept([1])
     assert line.opening == []                          # once it is typed there is nothing to guess
 
-
-def test_ngram_drafter_proposes_the_opening_first_then_what_followed_it():
-    from codespec_lsp.engine.drafters import NgramDrafter
-    prompt = [5, 6, 7, 9, 8, 5, 6, 7]          # earlier: 5 6 7 9 8; the prompt ends in 5 6 7
-    ngram = NgramDrafter(min_match=2, max_match=3)
-    ngram.begin(None, prompt, [], opening=[9])
-    assert ngram.propose(prompt, 3).tokens == [9, 8, 5]  # 9, then what followed 6 7 9 before
-    assert ngram.propose(prompt, 1).tokens == [9]
-    assert ngram.propose(prompt + [4], 2).tokens == []    # past the first token: lookup only
-    ngram.begin(None, prompt, [])
-    assert ngram.propose(prompt, 2).tokens == [9, 8]      # no opening: plain lookup

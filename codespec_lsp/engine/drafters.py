@@ -56,10 +56,8 @@ class Drafter(Protocol):
 class NgramDrafter:
     """Prompt lookup decoding: match the longest recent suffix (max_match..min_match tokens)."""
 
-    name = "ngram"
-
-    def __init__(self, min_match: int = 3, max_match: int = 5) -> None:
-        self.min_match, self.max_match = min_match, max_match
+    def __init__(self, min_match: int = 3, max_match: int = 5, name: str = "ngram") -> None:
+        self.min_match, self.max_match, self.name = min_match, max_match, name
         self.forwards = 0
         self._reference: list[int] = []
         self._reference_index: dict[tuple[int, ...], int] = {}

@@ -78,6 +78,9 @@ class Engine:
         self.context_window = int(getattr(target.config, "max_position_embeddings", 2048))
         self.target_cache = PrefixCache(target, cache_bytes, prefix_cache)
         self.ngram = NgramDrafter()
+        # Shorter matches guess worse; as their own source, adaptive K keeps them off where they
+        # do not pay without lowering the long matches' K (docs/draft.md).
+        self.short_ngram = NgramDrafter(min_match=1, max_match=2, name="ngram_short")
         self.model_drafter = None
         if draft is not None:
             self.model_drafter = ModelDrafter(draft, PrefixCache(draft, cache_bytes // 2, prefix_cache),
@@ -104,6 +107,7 @@ class Engine:
         """Adaptive K from its priors again (benchmarks measure a fresh start on each corpus)."""
         self.controllers = {
             "ngram": KController(prior_alpha=0.5, prior_cost=0.01),
+            "ngram_short": KController(prior_alpha=0.3, prior_cost=0.01),
             "model": KController(prior_alpha=0.6, prior_cost=self._param_ratio()),
         }
         self.verify_times = VerifyTimes()  # by tokens fed: adaptive K's verify costs
@@ -131,10 +135,11 @@ class Engine:
         if not speculative:
             return []
         if choice == "ngram" or self.model_drafter is None:
-            return [self.ngram]
+            return [self.ngram, self.short_ngram]
         if choice == "model":
             return [self.model_drafter]
-        return [self.ngram, self.model_drafter]  # "auto"/"combined": free lookup first
+        # "auto"/"combined": free long lookup first, the model, then the short lookup
+        return [self.ngram, self.model_drafter, self.short_ngram]
 
     supports_heal = True  # generate() applies a healing `constraint`, so complete.py may back up
 
