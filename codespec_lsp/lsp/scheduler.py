@@ -51,6 +51,11 @@ class CompletionRequest:
     request_id: Any = None                        # the LSP request id, for the log line
     position: tuple[int, int] | None = None       # (line, character) as the client sent it
 
+    @property
+    def line_prefix(self) -> str:
+        """The text before the cursor on its line."""
+        return self.source[self.source.rfind("\n", 0, self.offset) + 1:self.offset]
+
 
 @dataclass
 class Outcome:
@@ -228,8 +233,8 @@ class Scheduler:
         """Debounce (stretched by the rhythm); the max tokens to generate, or None if the
         request went stale meanwhile."""
         base = settings.debounce_ms / 1000
-        line = req.source[req.source.rfind("\n", 0, req.offset) + 1:req.offset]
-        delay, max_tokens = self.rhythm.plan(base, settings.max_tokens, line_start=not line.strip())
+        delay, max_tokens = self.rhythm.plan(base, settings.max_tokens,
+                                             line_start=not req.line_prefix.strip())
         if delay > base:
             # Typing faster than the model answers: no generation until a pause, but keep the
             # KV cache level with the typing (a few tokens a keystroke), so the answer at

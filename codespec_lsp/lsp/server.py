@@ -391,8 +391,7 @@ def _completion_item(ls: CodespecServer, params: types.CompletionParams,
                      req: CompletionRequest, out: Outcome) -> types.CompletionItem:
     # Clients filter items by the word before the cursor: the item replaces that word,
     # so its label and filter text must start with it.
-    line_start = req.source.rfind("\n", 0, req.offset) + 1
-    word = _word_before(req.source[line_start:req.offset])
+    word = _word_before(req.line_prefix)
     doc = ls.workspace.get_text_document(req.key)
     start = types.Position(line=params.position.line, character=params.position.character
                            - doc.position_codec.client_num_units(word))
