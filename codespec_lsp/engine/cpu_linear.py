@@ -7,9 +7,9 @@ SmolLM2-135M's forward over 2 tokens cost 1.65x its forward over 1, and its 4915
 22.7 ms for 2 rows against 11.7 ms for 1. The same product written (W @ x.T).T reaches another
 kernel: 4.2 ms for those 2 rows, and the whole 2-token forward costs what a 1-token one does.
 Which form wins depends on the CPU, the thread count and the shape (with one thread the small
-layers prefer F.linear), so each weight shape is timed once at load for every row count up to
-MAX_ROWS, and the transposed form is used only where it took at most MARGIN of the time. One row
-(plain decoding) and long prefill chunks keep F.linear. Both forms compute the same sums in
+layers prefer F.linear), so whole forwards are timed both ways at load for every row count up to
+MAX_ROWS, and the transposed form is used, in every layer, at the row counts where it took at most
+MARGIN of the time. One row (plain decoding) and long prefill chunks keep F.linear. Both forms compute the same sums in
 another order: logits differ in the last bits, as they already did between 1 and K+1 rows.
 """
 
