@@ -67,6 +67,7 @@ class RequestStats:
     prefill_tokens: int = 0
     proposed: int = 0
     accepted: int = 0
+    by_source: dict = field(default_factory=dict)  # draft source -> [proposed, accepted]
     generated_tokens: int = 0
     target_forwards: int = 0
     wasted_target_forwards: int = 0
@@ -118,6 +119,9 @@ class RequestStats:
         self.cache_reused_tokens += result.reused_tokens
         self.proposed += result.proposed
         self.accepted += result.accepted
+        for name, (proposed, accepted) in getattr(result, "by_source", {}).items():
+            counts = self.by_source.setdefault(name, [0, 0])
+            counts[0], counts[1] = counts[0] + proposed, counts[1] + accepted
         self.generated_tokens += len(result.tokens)
 
     def feedback(self, kind: str, completion_id: Any) -> bool:
@@ -146,6 +150,7 @@ class RequestStats:
             "cache_reused_tokens": self.cache_reused_tokens,
             "prefill_tokens": self.prefill_tokens,
             "acceptance_rate": _rate(self.accepted, self.proposed),
+            "acceptance_by_source": {name: _rate(a, p) for name, (p, a) in sorted(self.by_source.items())},
             "tokens_per_target_forward": _rate(self.generated_tokens, self.target_forwards),
             "latency_ms_p50": self.percentile(0.5),
             "latency_ms_p95": self.percentile(0.95),

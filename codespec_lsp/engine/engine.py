@@ -36,6 +36,7 @@ from codespec_lsp.engine.api import (CancelToken, Generation, GenerationError, G
                                      fim_tokens_of, token_texts)
 from codespec_lsp.engine.copy_prior import CopyPrior
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
+from codespec_lsp.engine.eagle import EagleDrafter
 from codespec_lsp.engine.kvcache import PrefixCache
 from codespec_lsp.engine.speculative import K_MAX, step
 PREFILL_RESERVE = 64 + K_MAX + 1  # room kept after the prompt: prefill and generate cut alike
@@ -70,19 +71,24 @@ class GenerateOptions:
 class Engine:
     def __init__(self, target, draft, tokenizer, *, preset: str, target_name: str,
                  draft_name: str | None, device: str, cache_bytes: int = 512 * 2**20,
-                 drafter: str = "auto", prefill_chunk: int = 128, prefix_cache: bool = True) -> None:
+                 drafter: str = "auto", prefill_chunk: int = 128, prefix_cache: bool = True,
+                 eagle_head=None) -> None:
         self.target_model, self.draft_model, self.tokenizer = target, draft, tokenizer
+        self.eagle_head = eagle_head
         self.preset, self.target_name, self.draft_name, self.device = preset, target_name, draft_name, device
         self.vocab_size = len(tokenizer)
         self.prefill_chunk = prefill_chunk
         self.context_window = int(getattr(target.config, "max_position_embeddings", 2048))
-        self.target_cache = PrefixCache(target, cache_bytes, prefix_cache)
+        # An EAGLE head drafts from the target's hidden states: the target's KVs keep them.
+        self.target_cache = PrefixCache(target, cache_bytes, prefix_cache, keep_states=eagle_head is not None)
         self.ngram = NgramDrafter()
         # Shorter matches guess worse; as their own source, adaptive K keeps them off where they
         # do not pay without lowering the long matches' K (docs/draft.md).
         self.short_ngram = NgramDrafter(min_match=1, max_match=2, name="ngram_short")
         self.model_drafter = None
-        if draft is not None:
+        if eagle_head is not None:
+            self.model_drafter = EagleDrafter(eagle_head, self.vocab_size)
+        elif draft is not None:
             self.model_drafter = ModelDrafter(draft, PrefixCache(draft, cache_bytes // 2, prefix_cache),
                                               self.vocab_size, prefill_chunk)
         self.drafter = drafter
@@ -109,6 +115,7 @@ class Engine:
             "ngram": KController(prior_alpha=0.5, prior_cost=0.01),
             "ngram_short": KController(prior_alpha=0.3, prior_cost=0.01),
             "model": KController(prior_alpha=0.6, prior_cost=self._param_ratio()),
+            "eagle": KController(prior_alpha=0.5, prior_cost=0.1),
         }
         self.verify_times = VerifyTimes()  # by tokens fed: adaptive K's verify costs
 
@@ -146,7 +153,7 @@ class Engine:
     def reset_caches(self) -> None:
         self.target_cache.clear()
         if self.model_drafter is not None:
-            self.model_drafter.prefix_cache.clear()
+            self.model_drafter.clear()
 
     @functools.cached_property
     def token_texts(self) -> list[str]:
@@ -163,7 +170,7 @@ class Engine:
         self.reset_caches()
         self.target_cache.enabled = enabled
         if self.model_drafter is not None:
-            self.model_drafter.prefix_cache.enabled = enabled
+            self.model_drafter.enable_cache(enabled)
 
     def encode(self, text: str) -> list[int]:
         """The text's ids after the document start the model expects (api.document_start_id)."""
@@ -180,7 +187,7 @@ class Engine:
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
         result = GenerationResult(stop_reason="max_tokens")
         stores = [self.target_cache]
-        if self.model_drafter is not None:
+        if self.draft_model is not None:
             stores.append(self.model_drafter.prefix_cache)
         for i, store in enumerate(stores):
             kv = store.acquire(key, seq)
@@ -290,7 +297,7 @@ class _Run:
         try:
             opening = list(getattr(opts.constraint, "opening", None) or ())
             for source in sources:
-                source.begin(opts.key, seq, list(opts.lookup_ids), opening)
+                source.begin(opts.key, seq, list(opts.lookup_ids), opening, target)
             self._prefill(target)
             while not result.cancelled and result.stop_reason == "max_tokens":
                 new_count = len(seq) - self.prompt_len
@@ -369,8 +376,11 @@ class _Run:
         if out.source is not None:
             engine.controllers[out.source.name].record(out.proposed, out.kept, out.draft_s,
                                                        len(new), out.draft_s + out.verify_s)
+            kept = min(out.kept, len(new))  # drafts after an end token don't count
             result.proposed += out.proposed
-            result.accepted += min(out.kept, len(new))  # drafts after an end token don't count
+            result.accepted += kept
+            counts = result.by_source.setdefault(out.source.name, [0, 0])
+            counts[0], counts[1] = counts[0] + out.proposed, counts[1] + kept
         self.seq.extend(new)
         if self.opts.constraint is not None:
             self.opts.constraint.accept(new)

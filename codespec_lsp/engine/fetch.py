@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from codespec_lsp import SMOL_EAGLE_DIR
 from codespec_lsp.engine.api import ModelLoadError
 
 MARKER = "codespec-source.json"
@@ -187,10 +188,10 @@ def run_fetch(args) -> int:
         print(f"codespec-lsp fetch: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        # "draft": the preset's draft folder; null while the preset drafts by prompt lookup only
-        # (smol: no candidate beat the target alone on a CPU, docs/draft.md).
+        # "draft": the preset's draft folder (it ships in the package: smol's EAGLE head reads
+        # the fetched target's embedding and LM head, so nothing more is downloaded)
         print(json.dumps({"preset": args.name, "path": str(folder), "bytes": folder_bytes(folder),
-                          "draft": None}))
+                          "draft": str(SMOL_EAGLE_DIR) if args.name == "smol" else None}))
     else:
         print(folder)
     return 0

@@ -92,15 +92,25 @@ def cache_nbytes(cache: DynamicCache) -> int:
 @torch.inference_mode()
 def forward(model: PreTrainedModel, ids: list[int], cache: DynamicCache) -> torch.Tensor:
     """Run `ids` after what `cache` holds; the cache grows by len(ids). Returns fp32 logits [len(ids), V]."""
+    return forward_with_states(model, ids, cache, states=False)[0]
+
+
+@torch.inference_mode()
+def forward_with_states(model: PreTrainedModel, ids: list[int], cache: DynamicCache,
+                        states: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """forward, and with `states` also the final hidden states [len(ids), H] the LM head reads
+    (after the final norm): what an EAGLE draft head (engine/eagle.py) drafts from."""
     device = model.device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)
     before = cache_len(cache)
     try:
-        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        if not states:
+            return model(input_ids=input_ids, past_key_values=cache, use_cache=True).logits[0].float(), None
+        hidden = model.model(input_ids=input_ids, past_key_values=cache, use_cache=True).last_hidden_state
     except ForwardCancelled:
         crop_layers(cache, before)  # the cache is as if this forward never started
         raise
-    return out.logits[0].float()
+    return model.lm_head(hidden)[0].float(), hidden[0]
 
 
 def prefill(model: PreTrainedModel, ids: list[int], cache: DynamicCache, chunk: int,

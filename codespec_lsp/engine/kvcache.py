@@ -43,18 +43,43 @@ class KV:
     """Token ids and the model's KV for exactly those ids."""
 
     def __init__(self, model: PreTrainedModel, ids: list[int] | None = None,
-                 cache: DynamicCache | None = None) -> None:
+                 cache: DynamicCache | None = None, states: torch.Tensor | None = None,
+                 keep_states: bool = False) -> None:
         self.model = model
         self.ids: list[int] = list(ids or [])
         self.cache = cache if cache is not None else hf.new_cache(model)
+        # With keep_states, the final hidden state of every held position (an EAGLE draft reads
+        # them); grown in place with spare room, so a step does not copy the whole history.
+        self.keep_states = keep_states
+        self._states = states
 
     def __len__(self) -> int:
         return len(self.ids)
 
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """[len(self), H] final hidden states, or None when not kept (or one is missing)."""
+        if self._states is None or len(self._states) < len(self.ids):
+            return None
+        return self._states[:len(self.ids)]
+
     def extend(self, ids: list[int]) -> torch.Tensor:
         """Run `ids` after what is held; returns their logits [len(ids), V]. A forward cancelled
         between layers is rolled back whole (hf.forward), so `ids` stay as they were."""
-        logits = hf.forward(self.model, ids, self.cache)
+        if not self.keep_states:
+            logits = hf.forward(self.model, ids, self.cache)
+            self.ids.extend(ids)
+            return logits
+        logits, states = hf.forward_with_states(self.model, ids, self.cache)
+        held, end = len(self.ids), len(self.ids) + len(ids)
+        if self._states is None or len(self._states) < held:
+            self._states = None if held else states.new_empty((0, states.shape[-1]))
+        if self._states is not None:
+            if len(self._states) < end:
+                grown = states.new_empty((max(end, 2 * len(self._states), 256), states.shape[-1]))
+                grown[:held] = self._states[:held]
+                self._states = grown
+            self._states[held:end] = states
         self.ids.extend(ids)
         return logits
 
@@ -77,19 +102,24 @@ class KV:
     def copy(self, n: int | None = None) -> "KV":
         """An independent KV holding the first n positions (all by default)."""
         n = len(self) if n is None else n
-        return KV(self.model, self.ids[:n], hf.copy_head(self.model, self.cache, n))
+        states = self.hidden
+        return KV(self.model, self.ids[:n], hf.copy_head(self.model, self.cache, n),
+                  states[:n].clone() if states is not None else None, self.keep_states)
 
     def reset(self) -> None:
-        self.ids, self.cache = [], hf.new_cache(self.model)
+        self.ids, self.cache, self._states = [], hf.new_cache(self.model), None
 
     @property
     def nbytes(self) -> int:
-        return hf.cache_nbytes(self.cache)
+        states = self._states.numel() * self._states.element_size() if self._states is not None else 0
+        return hf.cache_nbytes(self.cache) + states
 
 
 class PrefixCache:
-    def __init__(self, model: PreTrainedModel, max_bytes: int, enabled: bool = True) -> None:
+    def __init__(self, model: PreTrainedModel, max_bytes: int, enabled: bool = True,
+                 keep_states: bool = False) -> None:
         self.model = model
+        self.keep_states = keep_states  # KVs handed out keep hidden states (KV.keep_states)
         self.enabled = enabled
         self.max_bytes = max_bytes
         self._entries: LRUCache = LRUCache(maxsize=max_bytes, getsizeof=lambda kv: max(kv.nbytes, 1))
@@ -97,7 +127,7 @@ class PrefixCache:
     def acquire(self, key: str | None, ids: list[int]) -> KV:
         """A KV holding a prefix of ids[:-1]: this document's entry, or a copy of a shared head."""
         if not self.enabled or not ids:
-            return KV(self.model)
+            return KV(self.model, keep_states=self.keep_states)
         limit = len(ids) - 1
         own = self._entries.pop(key, None)
         own_len = min(common_prefix_len(own.ids, ids), limit) if own is not None else 0
@@ -109,7 +139,7 @@ class PrefixCache:
         if donor is not None and donor_len >= own_len + MIN_COPY_GAIN:
             return donor.copy(donor_len)  # the donor's entry stays whole: it is another file's
         if own is None:
-            return KV(self.model)
+            return KV(self.model, keep_states=self.keep_states)
         own.crop(own_len)
         return own
 

@@ -21,8 +21,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from codespec_lsp import TINY_DIR
-from codespec_lsp.engine import cpu_linear, fetch, hf
+from codespec_lsp import SMOL_EAGLE_DIR, TINY_DIR
+from codespec_lsp.engine import cpu_linear, eagle, fetch, hf
 from codespec_lsp.engine.api import MissingExtraError, ModelLoadError, TokenizerMismatchError
 from codespec_lsp.engine.engine import Engine
 from codespec_lsp.engine.pairing import compare_tokenizers
@@ -46,10 +46,9 @@ FETCHED = "<fetched>"
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(str(TINY_DIR / "draft"), str(TINY_DIR / "target"),
                    note="embedded 6M pair trained on the Python standard library; tests and plumbing"),
-    # Prompt lookup only: no draft measured beat the target alone on a CPU in fp32, where a
-    # forward over 2 tokens costs ~1.7 over 1 (docs/draft.md); a slower draft is not wired.
-    "smol": Preset("none", FETCHED, note="SmolLM2-135M (fetched once: `codespec-lsp fetch smol`); "
-                                         "the CPU default"),
+    # An EAGLE head over the target's hidden states, with prompt lookup (docs/draft.md).
+    "smol": Preset(str(SMOL_EAGLE_DIR), FETCHED, note="SmolLM2-135M (fetched once: `codespec-lsp fetch "
+                                                     "smol`) with its EAGLE draft head; the CPU default"),
     "codellama-python": Preset("codellama/CodeLlama-7b-Python-hf", "codellama/CodeLlama-13b-Python-hf",
                                note="fp16: about 39 GB of weights, needs a 48 GB+ card"),
     "codellama-python-gptq": Preset("TheBloke/CodeLlama-7B-Python-GPTQ",
@@ -229,15 +228,21 @@ def load_engine(preset: str | None = None, draft: str | None = None, target: str
         if ref is not None:
             _local_config(ref)  # a folder that is not a model folder says so before anything loads
 
+    # An EAGLE head has no tokenizer of its own: it reads the target's embedding and hidden
+    # states, and load_head refuses a target of another shape or vocabulary.
+    head_only = draft_ref is not None and eagle.is_eagle_folder(draft_ref)
     target_tok = load_tokenizer(target_ref, **opts)
-    if draft_ref is not None:
+    if draft_ref is not None and not head_only:
         check_pair(load_tokenizer(draft_ref, **opts), target_tok, draft_ref, target_ref)
     target_model = load_model(target_ref, device=device, dtype=torch_dtype, **opts)
-    draft_model = None
-    if draft_ref is not None:
+    draft_model = eagle_head = None
+    if head_only:
+        eagle_head = eagle.load_head(draft_ref, target_model)
+    elif draft_ref is not None:
         draft_model = load_model(draft_ref, device=device, dtype=torch_dtype, **opts)
     engine = Engine(target_model, draft_model, target_tok, preset=preset, target_name=target_ref,
-                    draft_name=draft_ref, device=device, drafter=drafter, **engine_options)
+                    draft_name=draft_ref, device=device, drafter=drafter, eagle_head=eagle_head,
+                    **engine_options)
     engine.scoring = scoring_for(preset, own_target=not target, exact=exact)
     return engine
 

