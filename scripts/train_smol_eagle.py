@@ -116,7 +116,7 @@ def losses(head, ids, features, labels, noise: float) -> tuple[torch.Tensor, tor
 
 
 def train(args) -> None:
-    from codespec_lsp.engine.eagle import EagleHead, save_head
+    from codespec_lsp.engine.eagle import EagleHead, load_head, save_head
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -128,7 +128,12 @@ def train(args) -> None:
     counts = Counter(data["labels"].flatten().tolist())
     head_ids = torch.tensor(sorted(t for t, _ in counts.most_common(args.head)))
     coverage = sum(c for t, c in counts.most_common(args.head)) / data["labels"].numel()
-    head = EagleHead.for_target(target, head_ids)
+    if args.init:  # continue from a saved head (its ids, not this data's most frequent)
+        head = load_head(args.init, target).train()
+        head_ids = head.head_ids
+        coverage = sum(counts[int(t)] for t in head_ids) / data["labels"].numel()
+    else:
+        head = EagleHead.for_target(target, head_ids)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     # held-out windows, labelled by the target once
@@ -185,7 +190,7 @@ def train(args) -> None:
                      "collect_seconds": round(data["seconds"]), "files": data["files"],
                      "sources": ["python stdlib " + sysconfig.get_python_version()] + list(PACKAGES)},
             "head": {"ids": args.head, "label_coverage": round(coverage, 4)},
-            "train": {"steps": step, "seconds": round(time.perf_counter() - started), "batch": args.batch,
+            "train": {"init": args.init, "steps": step, "seconds": round(time.perf_counter() - started), "batch": args.batch,
                       "lr": args.lr, "noise": args.noise, "ce_weight": args.ce_weight,
                       "threads": args.threads},
             "held_out": {"corpus": EVAL, "windows": len(held), "positions": sum(len(w) - 1 for w in held),
@@ -213,6 +218,7 @@ def main() -> None:
     t.add_argument("--head", type=int, default=8192)
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--eval-windows", type=int, default=12)
+    t.add_argument("--init", default=None, help="a head folder to continue training from")
     t.add_argument("--save", default=None)
     t.add_argument("--json", default=None)
     args = parser.parse_args()
