@@ -150,7 +150,6 @@ class RequestStats:
             "cache_reused_tokens": self.cache_reused_tokens,
             "prefill_tokens": self.prefill_tokens,
             "acceptance_rate": _rate(self.accepted, self.proposed),
-            "acceptance_by_source": {name: _rate(a, p) for name, (p, a) in sorted(self.by_source.items())},
             "tokens_per_target_forward": _rate(self.generated_tokens, self.target_forwards),
             "latency_ms_p50": self.percentile(0.5),
             "latency_ms_p95": self.percentile(0.95),
@@ -176,6 +175,8 @@ class RequestStats:
             "accepted": self.accepted_suggestions,
             "partially_accepted": self.partially_accepted,
             "shown_acceptance_rate": _rate(self.accepted_suggestions, self.shown),
+            # which draft source's tokens the target keeps (the stats contract has the total)
+            "acceptance_by_source": {name: _rate(a, p) for name, (p, a) in sorted(self.by_source.items())},
             "error": host.error,
         }
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 
 BENCH_FIELDS = ["preset", "device", "draft", "drafter", "cpu_linear", "points", "lossless", "acceptance_rate",
-                "tokens_per_target_forward", "speedup", "draft_cost_ratio", "verify_cost_by_k", "time_split_s", "time_split_per_request_ms",
+                "by_source", "tokens_per_target_forward", "speedup", "draft_cost_ratio", "verify_cost_by_k", "time_split_s", "time_split_per_request_ms",
                 "next_token_accuracy", "unigram_accuracy",
                 "prompt_window_tokens", "next_token_accuracy_prompt_window",
                 "prefill_tokens_per_keystroke", "prefill_tokens_per_keystroke_nocache",
@@ -60,6 +60,9 @@ def test_bench_engine_fields_and_invariants():
         "prefill_ms", "draft_ms", "verify_ms", "other_ms"}
     assert all(v >= 0.0 for d in split.values() for v in d.values())
     assert 0.0 <= out["acceptance_rate"] <= 1.0 and out["tokens_per_target_forward"] >= 1.0
+    sources = out["by_source"].values()  # the per-source counts make up the total's rate
+    proposed, accepted = sum(s["proposed"] for s in sources), sum(s["accepted"] for s in sources)
+    assert abs((accepted / proposed if proposed else 0.0) - out["acceptance_rate"]) < 1e-3
     assert out["draft"] == engine.draft_name is not None and out["drafter"] == "auto"
     verify = out["verify_cost_by_k"]
     assert verify[0] == 1.0 and verify == sorted(verify) and len(verify) == 9
