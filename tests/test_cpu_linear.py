@@ -17,7 +17,7 @@ def test_small_batch_linear_computes_the_same_map_for_every_row_count():
         reference = torch.nn.Linear(48, 80, bias=bias)
         reference.load_state_dict(layer.state_dict())
         layer.__class__ = cpu_linear.SmallBatchLinear
-        layer.transposed_rows = frozenset({2, 3, 5})
+        layer.transposed_rows = frozenset({1, 2, 3, 5})
         for rows in range(1, 12):
             x = torch.randn(1, rows, 48)
             out = layer(x)
@@ -28,14 +28,14 @@ def test_small_batch_linear_computes_the_same_map_for_every_row_count():
 def test_install_swaps_every_linear_and_keeps_the_model():
     model = load_model(str(TINY_DIR / "target"), device="cpu", dtype=torch.float32)
     # load_model installs it on the CPU; what it chose is kept beside the model
-    assert set(model.cpu_linear_plan) <= set(range(2, cpu_linear.MAX_ROWS + 1))
+    assert set(model.cpu_linear_plan) <= set(range(1, cpu_linear.MAX_ROWS + 1))
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(type(m) is cpu_linear.SmallBatchLinear for m in linears)
     keys = set(model.state_dict())
 
     ids = torch.tensor([[5, 17, 99, 3, 42, 8]])
     with torch.inference_mode():
-        for rows in (frozenset(), frozenset(range(2, 9))):
+        for rows in (frozenset(), frozenset(range(1, 9))):
             for m in linears:
                 m.transposed_rows = rows
             logits = model(input_ids=ids).logits
@@ -53,7 +53,7 @@ def test_speculative_greedy_equals_the_target_with_every_row_count_transposed():
     for model in (target, draft):
         for m in model.modules():
             if isinstance(m, cpu_linear.SmallBatchLinear):
-                m.transposed_rows = frozenset(range(2, cpu_linear.MAX_ROWS + 1))
+                m.transposed_rows = frozenset(range(1, cpu_linear.MAX_ROWS + 1))
     prompt = (CORPUS / "textwrap.py").read_text()[:900]
     want = reference_greedy(target, tok, make_engine(target, None, tok), prompt, 24)
     for draft_model, drafter in ((draft, "model"), (target, "model"), (None, "ngram")):
@@ -61,3 +61,4 @@ def test_speculative_greedy_equals_the_target_with_every_row_count_transposed():
                                max_new_tokens=24)
         assert result.tokens == want, drafter
         assert result.proposed > 0
+

@@ -72,6 +72,30 @@ def test_the_heads_cache_holds_what_the_targets_real_states_give(parts, head):
     assert torch.allclose(cache.layers[0].keys, fresh.layers[0].keys, atol=1e-4)
 
 
+def test_the_head_drafts_at_the_first_step_over_the_prompt_tail_the_target_has_not_run(parts, head):
+    """A keystroke's new tokens ride in the first verify (engine.FIRST_STEP_PROMPT): the head
+    reads its own states there instead of sitting the step out; the next propose rebuilds those
+    entries from the target's real states."""
+    from codespec_lsp.engine.eagle import EagleDrafter
+    _, target, _ = parts
+    ids = torch.randint(3, 500, (30,)).tolist()
+    kv = KV(target, keep_states=True)
+    kv.extend(ids[:26])  # the last four prompt tokens not run yet
+    drafter = EagleDrafter(head, target.config.vocab_size)
+    drafter.begin("doc", ids, [], (), kv)
+    proposal = drafter.propose(ids, 3, None, None)
+    assert len(proposal.tokens) == 3
+    assert drafter.real == 26 and len(drafter.ids) == 29 + 2  # 3 tail entries, 2 drafted
+    kv.extend(ids[26:])
+    drafter.propose(ids, 1, None, None)
+    assert drafter.real == len(drafter.ids) == 29  # every entry from real states now
+    with torch.no_grad():
+        states = target.model(input_ids=torch.tensor([ids])).last_hidden_state
+        fresh = hf.new_cache(head.body)
+        head(torch.tensor([ids[1:]]), states[:, :-1], fresh)
+    assert torch.allclose(drafter.cache.layers[0].keys, fresh.layers[0].keys, atol=1e-4)
+
+
 def test_the_target_kv_keeps_hidden_states_through_crop_and_copy(parts):
     _, target, _ = parts
     ids = torch.randint(3, 500, (40,)).tolist()

@@ -25,7 +25,7 @@ What each field means (the README quotes these):
   draft                         the draft model's folder (None: n-gram prompt lookup only)
   draft_cost_ratio              drafting seconds per proposed token / the median 1-token target
                                 forward, speculative runs (speedup.py's c; None if none proposed)
-  cpu_linear                    the row counts (2..8) the target's CPU linears compute as
+  cpu_linear                    the row counts (1..8) the target's CPU linears compute as
                                 (W @ x.T).T, measured faster at load (engine/cpu_linear.py)
   verify_cost_by_k              a target forward over k+1 tokens in 1-token forwards, k = 0..8,
                                 as adaptive K last read them (VerifyTimes; unmeasured k assumed)

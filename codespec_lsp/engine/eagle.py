@@ -142,6 +142,8 @@ def load_head(folder: str | Path, target) -> EagleHead:
     if missing or unexpected:
         raise ModelLoadError(f"the EAGLE draft head in {folder} does not match its config "
                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if target.device.type == "cpu":
+        hf.use_cpu_attention(head.body)  # its catch-up forwards are masked multi-row ones
     return head.to(device=target.device, dtype=dtype).eval()
 
 
@@ -188,28 +190,32 @@ class EagleDrafter:
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None = None,
                 cancel: CancelToken | None = None) -> Proposal:
         target = self.target
-        if target is None or k <= 0 or target.hidden is None or len(target) < len(tokens) - 1:
-            return Proposal([], None)  # the target has not yet run the tokens this would read
         last = len(tokens) - 1  # the entry that predicts the token after `tokens`
-        # keep the real entries whose tokens still match, short of the last: its state drafts
-        self._crop(min(self.real, common_prefix_len(self.ids, tokens[1:]), last - 1))
+        # Rows with the target's real states. At a request's first step the target still lacks
+        # the last few prompt tokens (engine.FIRST_STEP_PROMPT: they ride in this step's verify):
+        # the head reads its own predicted states there, as it does for its drafts.
+        have = min(last, len(target)) if target is not None and target.hidden is not None else 0
+        if k <= 0 or have < 1:
+            return Proposal([], None)  # nothing the head could read yet
+        # keep the real entries whose tokens still match, short of the last real one: its state drafts
+        self._crop(min(self.real, common_prefix_len(self.ids, tokens[1:]), have - 1))
         start = len(self.ids)
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
         device, dtype = target.hidden.device, target.hidden.dtype
         states = None
-        while start < last:  # catch up with the target's real states, in cancellable chunks
+        while start < have:  # catch up with the target's real states, in cancellable chunks
             if is_cancelled():
                 return Proposal([], None)
-            stop = min(start + CATCH_UP_CHUNK, last)
+            stop = min(start + CATCH_UP_CHUNK, have)
             ids = torch.tensor([tokens[start + 1:stop + 1]], device=device)
             states = self.head(ids, target.hidden[start:stop].unsqueeze(0).to(dtype), self.cache)
             self.ids.extend(tokens[start + 1:stop + 1])
             self.forwards += 1
             start = stop
         self.real = len(self.ids)
-        if states is None:
-            return Proposal([], None)  # a one-token sequence: no state to read yet
         state = states[0, -1]
+        for token in tokens[have + 1:]:  # the prompt's tail the target has not run yet
+            state = self._advance(token, state)
         drafted, probs = [], []
         for i in range(k):
             logits = self.head.logits(state).float()
@@ -224,11 +230,15 @@ class EagleDrafter:
             drafted.append(token)
             if i + 1 == k or is_cancelled():
                 break
-            ids = torch.tensor([[token]], device=device)
-            state = self.head(ids, state.view(1, 1, -1), self.cache)[0, -1]
-            self.ids.append(token)
-            self.forwards += 1
+            state = self._advance(token, state)
         return Proposal(drafted, torch.stack(probs) if probs else None)
+
+    def _advance(self, token: int, state: torch.Tensor) -> torch.Tensor:
+        """One entry from the head's own predicted state (not kept past the next propose)."""
+        ids = torch.tensor([[token]], device=state.device)
+        self.ids.append(token)
+        self.forwards += 1
+        return self.head(ids, state.view(1, 1, -1), self.cache)[0, -1]
 
     def rollback(self, n: int) -> None:
         pass  # drafted entries are dropped at the next propose, where real states replace them

@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+import torch.nn.functional as F
+from transformers import AttentionInterface, DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 
 class ForwardCancelled(Exception):
@@ -29,8 +33,75 @@ def use_length_agnostic_attention() -> None:
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+CPU_ATTENTION = "codespec_cpu_sdpa"
+
+
+def _cpu_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+              **kwargs):
+    """transformers' sdpa, except for several query rows under a mask on the CPU (a verify forward,
+    a prefill chunk after a cached prefix): there transformers copies every cached key and value
+    once per query head sharing it (repeat_kv; SmolLM2 has 3 query heads a KV head) before calling
+    SDPA, a copy of the whole cache in every layer that cost a 4-token verify as much as its matrix
+    products. PyTorch's CPU flash kernel takes the grouped heads and a boolean mask itself."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (query.device.type == "cpu" and groups > 1 and query.shape[2] > 1 and dropout == 0.0
+            and attention_mask is not None and attention_mask.dtype == torch.bool
+            and kwargs.get("position_bias") is None and kwargs.get("softcap") is None):
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                             scale=scaling, enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                  scaling=scaling, is_causal=is_causal, **kwargs)
+
+
+AttentionInterface.register(CPU_ATTENTION, _cpu_sdpa)
+AttentionMaskInterface.register(CPU_ATTENTION, sdpa_mask)  # the masks sdpa gets, unchanged
+
+
+def use_cpu_attention(model: PreTrainedModel) -> None:
+    """Attention for a model on the CPU (_cpu_sdpa); models that take no custom attention keep theirs."""
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(CPU_ATTENTION)
+
+
+class GrowingLayer(DynamicLayer):
+    """A DynamicLayer whose keys and values are views of buffers with spare room. transformers'
+    layer concatenates, copying the whole cache in every layer at every forward: on smol at 1,500
+    cached tokens, 69 MB a forward, about what reading a third of the weights costs. Here a
+    forward writes its new positions in place; crop (inherited) shortens the views, and the next
+    forward overwrites what was cut. Nothing else holds a view: a KV owns its cache, and copies
+    (copy_head) clone."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.buffers = None
+        held = self.get_seq_length()
+        end = held + key_states.shape[-2]
+        if self.buffers is None or self.buffers[0].shape[-2] < end:
+            room = max(end, held * 3 // 2)  # exact when filled at once; else a few copies a prompt
+            grown = []
+            for old, new in ((self.keys, key_states), (self.values, value_states)):
+                buffer = new.new_empty((*new.shape[:-2], room, new.shape[-1]))
+                if held:
+                    buffer[..., :held, :] = old
+                grown.append(buffer)
+            self.buffers = tuple(grown)
+        keys, values = self.buffers
+        keys[..., held:end, :] = key_states
+        values[..., held:end, :] = value_states
+        self.keys, self.values = keys[..., :end, :], values[..., :end, :]
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        self.buffers = None
+        super().reset()
+
+
 def new_cache(model: PreTrainedModel) -> DynamicCache:
-    return DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config)
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
 
 
 def cache_len(cache: DynamicCache) -> int:
@@ -52,7 +123,7 @@ def copy_head(model: PreTrainedModel, cache: DynamicCache, length: int) -> Dynam
     for i, layer in enumerate(cache.layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
-            head.update(keys[..., :length, :].clone(), values[..., :length, :].clone(), i)
+            head.update(keys[..., :length, :], values[..., :length, :], i)  # update copies
     return head
 
 
@@ -83,7 +154,8 @@ def install_cancel_check(model: PreTrainedModel, should_stop: Callable[[], bool]
 def cache_nbytes(cache: DynamicCache) -> int:
     total = 0
     for layer in cache.layers:
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+        held = getattr(layer, "buffers", None) or (getattr(layer, "keys", None), getattr(layer, "values", None))
+        for t in held:
             if isinstance(t, torch.Tensor):
                 total += t.numel() * t.element_size()
     return total

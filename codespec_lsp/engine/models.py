@@ -182,6 +182,7 @@ def load_model(ref: str, *, device: str, dtype: torch.dtype, allow_download: boo
                              f"is it a quantized checkpoint whose config.json has no quantization_config, "
                              f"or a config that does not match the weights?")
     if device == "cpu":
+        hf.use_cpu_attention(model)
         model.cpu_linear_plan = cpu_linear.install(model)
     return model.eval()
 
