@@ -10,7 +10,7 @@ import torch
 
 from codespec_lsp.engine import hf
 from codespec_lsp.engine.api import ModelLoadError
-from codespec_lsp.engine.eagle import EagleHead, is_eagle_folder, load_head, save_head
+from codespec_lsp.engine.eagle import CATCH_UP_CHUNK, EagleHead, is_eagle_folder, load_head, save_head
 from codespec_lsp.engine.kvcache import KV
 from engine_helpers import (CORPUS, generate_text, make_engine, prefill_text, reference_greedy,
                             sampled_pairs_chi_square, tiny_parts, toy_pair)
@@ -94,6 +94,27 @@ def test_the_head_drafts_at_the_first_step_over_the_prompt_tail_the_target_has_n
         fresh = hf.new_cache(head.body)
         head(torch.tensor([ids[1:]]), states[:, :-1], fresh)
     assert torch.allclose(drafter.cache.layers[0].keys, fresh.layers[0].keys, atol=1e-4)
+
+
+def test_a_prefill_brings_the_heads_cache_up_to_the_prompt(parts, head):
+    """Opening a file (engine.prefill) catches the head up too: the first completion there drafts
+    after a few entries, not after a catch-up over the whole file."""
+    _, target, _ = parts
+    engine = eagle_engine(parts, head, drafter="model")
+    prefill_text(engine, PROMPTS["long"], key="doc")
+    seq = engine.encode(PROMPTS["long"])
+    ids, cache = engine.model_drafter._saved["doc"]
+    assert len(seq) > 2 * CATCH_UP_CHUNK and ids == seq[1:]  # the target ran all but the last token
+    with torch.no_grad():
+        states = target.model(input_ids=torch.tensor([seq[:-1]])).last_hidden_state
+        fresh = hf.new_cache(head.body)
+        head(torch.tensor([seq[1:]]), states, fresh)
+    assert torch.allclose(cache.layers[0].keys, fresh.layers[0].keys, atol=1e-4)
+    engine.fixed_k = 2
+    before = engine.model_drafter.forwards
+    result = generate_text(engine, PROMPTS["long"], max_new_tokens=8, key="doc")
+    # a step: one catch-up forward over the few new real entries, one draft forward past the first
+    assert result.proposed > 0 and engine.model_drafter.forwards - before <= 2 * result.target_forwards
 
 
 def test_the_target_kv_keeps_hidden_states_through_crop_and_copy(parts):

@@ -186,34 +186,48 @@ class EagleDrafter:
         del self.ids[n:]
         self.real = min(self.real, n)
 
+    def _real_rows(self, tokens: list[int]) -> int:
+        """Entries the target's real states cover. At a request's first step the target still
+        lacks the last few prompt tokens (engine.FIRST_STEP_PROMPT: they ride in this step's
+        verify): the head reads its own states past them, as it does for its drafts."""
+        target = self.target
+        if target is None or target.hidden is None:
+            return 0
+        return min(len(tokens) - 1, len(target))
+
+    @torch.inference_mode()
+    def catch_up(self, tokens: list[int], cancel: CancelToken | None = None) -> torch.Tensor | None:
+        """Bring the head's cache up to the target's real states for `tokens`, in cancellable
+        chunks; returns the last real entry's output state (None: no state yet, or cancelled).
+        The engine calls it after a prefill too, so a new prompt's catch-up is prefill work, not
+        the first draft's: counted as drafting, it made the head look too dear to draft with."""
+        have = self._real_rows(tokens)
+        if have < 1:
+            return None
+        # keep the real entries whose tokens still match, short of the last real one: its state drafts
+        self._crop(min(self.real, common_prefix_len(self.ids, tokens[1:]), have - 1))
+        start, states = len(self.ids), None
+        device, dtype = self.target.hidden.device, self.target.hidden.dtype
+        while start < have:
+            if cancel is not None and cancel.cancelled:
+                return None
+            stop = min(start + CATCH_UP_CHUNK, have)
+            ids = torch.tensor([tokens[start + 1:stop + 1]], device=device)
+            states = self.head(ids, self.target.hidden[start:stop].unsqueeze(0).to(dtype), self.cache)
+            self.ids.extend(tokens[start + 1:stop + 1])
+            self.real = len(self.ids)
+            self.forwards += 1
+            start = stop
+        return states[0, -1]
+
     @torch.inference_mode()
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None = None,
                 cancel: CancelToken | None = None) -> Proposal:
-        target = self.target
-        last = len(tokens) - 1  # the entry that predicts the token after `tokens`
-        # Rows with the target's real states. At a request's first step the target still lacks
-        # the last few prompt tokens (engine.FIRST_STEP_PROMPT: they ride in this step's verify):
-        # the head reads its own predicted states there, as it does for its drafts.
-        have = min(last, len(target)) if target is not None and target.hidden is not None else 0
-        if k <= 0 or have < 1:
-            return Proposal([], None)  # nothing the head could read yet
-        # keep the real entries whose tokens still match, short of the last real one: its state drafts
-        self._crop(min(self.real, common_prefix_len(self.ids, tokens[1:]), have - 1))
-        start = len(self.ids)
+        have = self._real_rows(tokens)
+        state = self.catch_up(tokens, cancel) if k > 0 else None
+        if state is None:
+            return Proposal([], None)  # nothing the head could read yet, or cancelled
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
-        device, dtype = target.hidden.device, target.hidden.dtype
-        states = None
-        while start < have:  # catch up with the target's real states, in cancellable chunks
-            if is_cancelled():
-                return Proposal([], None)
-            stop = min(start + CATCH_UP_CHUNK, have)
-            ids = torch.tensor([tokens[start + 1:stop + 1]], device=device)
-            states = self.head(ids, target.hidden[start:stop].unsqueeze(0).to(dtype), self.cache)
-            self.ids.extend(tokens[start + 1:stop + 1])
-            self.forwards += 1
-            start = stop
-        self.real = len(self.ids)
-        state = states[0, -1]
         for token in tokens[have + 1:]:  # the prompt's tail the target has not run yet
             state = self._advance(token, state)
         drafted, probs = [], []

@@ -197,6 +197,9 @@ class Engine:
             except BaseException:
                 kv.reset()  # mid-forward: the layers may hold different lengths
                 raise
+            else:
+                if i == 0 and done and isinstance(self.model_drafter, EagleDrafter):
+                    self._warm_head(key, seq, kv, cancel)
             finally:
                 store.release(key, kv)
             if i == 0:
@@ -207,6 +210,15 @@ class Engine:
                 break
         result.wall_s = result.prefill_s = time.perf_counter() - started
         return result
+
+    def _warm_head(self, key: str | None, seq: list[int], target, cancel: CancelToken | None) -> None:
+        """The EAGLE head's cache for document `key` brought up to the target's states of `seq`."""
+        head = self.model_drafter
+        head.begin(key, seq, [], (), target)
+        try:
+            head.catch_up(seq, cancel)
+        finally:
+            head.end(key, seq)
 
     def _prefill_whole(self, kv, ids: list[int], cancelled: Callable[[], bool]) -> bool:
         """kv.prefill with every chunk run whole (module docstring): `cancelled` is asked between
@@ -354,6 +366,9 @@ class _Run:
         t0 = time.perf_counter()
         upto = max(len(target), len(self.seq) - FIRST_STEP_PROMPT)  # the rest: the first step's
         done = self.engine._prefill_whole(target, self.seq[len(target):upto], self.opts.cancelled)
+        head = self.engine.model_drafter
+        if done and isinstance(head, EagleDrafter) and head in self.sources:
+            head.catch_up(self.seq, self.opts.cancel)  # a new prompt's share is prefill work too
         self.result.prefill_s = time.perf_counter() - t0
         if done:
             self.result.prefill_tokens = self.prompt_len - self.result.reused_tokens

@@ -100,7 +100,8 @@ class GrowingLayer(DynamicLayer):
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
     cache = DynamicCache(config=model.config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    if model.device.type == "cpu":  # measured there; on a GPU the strided views are unmeasured yet
+        cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
 
