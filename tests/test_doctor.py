@@ -254,3 +254,23 @@ def test_measured_cost_ratio_overrides_a_given_one(monkeypatch):
     p, info = doctor.diagnose(CL7, CL13, 24 * GiB, 4096, cost_ratio=0.9, engine=object())
     assert (p.cost_source, p.cost_ratio) == ("measured", 0.2)
     assert any("--cost-ratio 0.9 ignored" in n for n in info["notes"])
+
+
+@pytest.mark.slow
+def test_an_eagle_head_is_planned_for_its_own_target_and_refused_for_another(tmp_path, capsys):
+    """The smol preset's draft is an EAGLE head: no tokenizer of its own, so the doctor applies
+    the loader's rule for heads (the target's shape) and measures the head's step as the draft."""
+    import torch
+
+    from codespec_lsp.engine.eagle import EagleHead, save_head
+    from codespec_lsp.engine.models import load_model
+    target = load_model(str(TINY_DIR / "target"), device="cpu", dtype=torch.float32)
+    torch.manual_seed(0)
+    save_head(EagleHead.for_target(target, torch.arange(500)), tmp_path / "head")
+    assert main(["doctor", "--draft", str(tmp_path / "head"), "--target", str(TINY_DIR / "target"),
+                 "--context", "1024", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokenizer_compatible"] is True
+    assert out["acceptance_source"] == "measured" and out["cost_ratio"] > 0
+    other = doctor.plan_pair(str(tmp_path / "head"), str(TINY_DIR / "draft"), 24 * GiB, 1024)
+    assert other["tokenizer_compatible"] is False and "trained for a target" in other["verdict"]

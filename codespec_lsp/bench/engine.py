@@ -128,6 +128,24 @@ def forward_ms(model, context: int = 512, reps: int = 10) -> float:
     return statistics.median(times) * 1000
 
 
+def head_step_ms(head, context: int = 512, reps: int = 10) -> float:
+    """Median time of one EAGLE draft step (a 1-token layer forward and its cut LM head) after
+    `context` cached entries: the head's side of the cost ratio."""
+    cache = hf.new_cache(head.body)
+    param = next(head.parameters())
+    with torch.inference_mode():
+        head(torch.ones(1, context, dtype=torch.long, device=param.device),
+             torch.zeros(1, context, head.config.hidden_size, dtype=param.dtype, device=param.device), cache)
+        state = torch.zeros(1, 1, head.config.hidden_size, dtype=param.dtype, device=param.device)
+        times = []
+        for i in range(reps):
+            start = time.perf_counter()
+            head.logits(head(torch.tensor([[3 + i]], device=param.device), state, cache)[0, -1])
+            times.append(time.perf_counter() - start)
+            hf.crop(cache, context)
+    return statistics.median(times) * 1000
+
+
 def _gen(engine: Engine, prompt: str, **options) -> GenerationResult:
     return run(engine.generate(engine.encode(prompt), **options))
 
@@ -148,15 +166,17 @@ def _prefill(engine: Engine, prompt: str, key: str | None = None) -> GenerationR
 
 
 def measure_pair(engine: Engine, points: int = 8) -> dict:
-    """Acceptance of the draft model alone and its cost ratio, measured on the held-out corpus.
-    Used by `doctor` when both models load."""
-    if engine.draft_model is None:
+    """Acceptance of the draft model (or EAGLE head) alone and its cost ratio, measured on the
+    held-out corpus. Used by `doctor` when both models load."""
+    if engine.model_drafter is None:
         raise ValueError("this engine has no draft model to measure")
     proposed = accepted = 0
     for prompt in completion_points(corpus_files(None), points, engine, seed=1):
         r = _gen(engine, prompt, max_new_tokens=32, drafter="model")
         proposed, accepted = proposed + r.proposed, accepted + r.accepted
-    draft_ms, target_ms = forward_ms(engine.draft_model), forward_ms(engine.target_model)
+    draft_ms = (forward_ms(engine.draft_model) if engine.draft_model is not None
+                else head_step_ms(engine.eagle_head))
+    target_ms = forward_ms(engine.target_model)
     return {"acceptance_rate": accepted / proposed if proposed else 0.0,
             "cost_ratio": draft_ms / target_ms, "draft_forward_ms": draft_ms,
             "target_forward_ms": target_ms}

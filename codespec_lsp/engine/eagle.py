@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
-from codespec_lsp.engine import hf
+from codespec_lsp.engine import hf, pairing
 from codespec_lsp.engine.api import CancelToken, ModelLoadError
 from codespec_lsp.engine.drafters import Proposal, Sampling
 from codespec_lsp.engine.kvcache import KV, common_prefix_len
@@ -96,8 +96,7 @@ def _frozen_embedding(target) -> nn.Embedding:
 
 
 def _identity(target_config) -> dict:
-    return {"hidden_size": target_config.hidden_size, "vocab_size": target_config.vocab_size,
-            "num_hidden_layers": target_config.num_hidden_layers}
+    return pairing.eagle_identity(target_config.to_dict())
 
 
 def save_head(head: EagleHead, folder: Path, target_folder: Path | str | None = None) -> None:
@@ -128,11 +127,11 @@ def load_head(folder: str | Path, target) -> EagleHead:
         state = load_file(str(folder / "model.safetensors"))
     except Exception as exc:  # OSError, json's ValueError, safetensors' SafetensorError
         raise ModelLoadError(f"cannot load the EAGLE draft head from {folder}: {exc}") from None
-    wanted, have = raw.pop("eagle")["target"], _identity(target.config)
-    if wanted != have:
-        raise ModelLoadError(f"the EAGLE draft head in {folder} was trained for a target with {wanted}, "
-                             f"not this one ({have}): it reads the target's hidden states, so it only "
-                             f"works with that target")
+    check = pairing.compare_eagle(raw, target.config.to_dict())
+    if not check.compatible:
+        raise ModelLoadError(f"cannot use the EAGLE draft head in {folder}: {check.reason}")
+    have = _identity(target.config)
+    raw.pop("eagle")
     config = LlamaConfig(**{k: v for k, v in raw.items() if k in LlamaConfig().to_dict() or k == "head_dim"})
     head_ids = state.pop("head_ids").long()
     head = EagleHead(config, head_ids, _frozen_embedding(target), target.lm_head.weight[head_ids], have)

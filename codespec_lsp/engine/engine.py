@@ -198,7 +198,8 @@ class Engine:
                 kv.reset()  # mid-forward: the layers may hold different lengths
                 raise
             else:
-                if i == 0 and done and isinstance(self.model_drafter, EagleDrafter):
+                head = self.model_drafter
+                if i == 0 and done and isinstance(head, EagleDrafter) and head in self.sources(True):
                     self._warm_head(key, seq, kv, cancel)
             finally:
                 store.release(key, kv)

@@ -67,10 +67,10 @@ def use_cpu_attention(model: PreTrainedModel) -> None:
 class GrowingLayer(DynamicLayer):
     """A DynamicLayer whose keys and values are views of buffers with spare room. transformers'
     layer concatenates, copying the whole cache in every layer at every forward: on smol at 1,500
-    cached tokens, 69 MB a forward, about what reading a third of the weights costs. Here a
+    cached tokens, 69 MB a forward, an eighth of the bytes its weights take to read. Here a
     forward writes its new positions in place; crop (inherited) shortens the views, and the next
-    forward overwrites what was cut. Nothing else holds a view: a KV owns its cache, and copies
-    (copy_head) clone."""
+    forward overwrites what was cut. Nothing else holds a view: a KV owns its cache, and a copy
+    (copy_head) goes through `update` into buffers of its own."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:

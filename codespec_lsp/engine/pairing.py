@@ -16,6 +16,8 @@ the draft, so every id must mean the same token on both sides. Concretely:
 
 Two forms of the same rule: `compare_tokenizers` token by token (both tokenizers on disk) and
 `compare_facts` on the recorded facts of the catalog (hub ids the doctor knows without the network).
+An EAGLE head (engine/eagle.py) has no tokenizer of its own: it reads the target's hidden states
+and uses its embedding and LM head, so its rule is `compare_eagle`, the target's shape.
 Pure functions over tokenizer objects and dicts: no torch here.
 """
 
@@ -115,3 +117,22 @@ def compare_facts(d: dict, t: dict, both_catalog: bool) -> PairCheck:
         return PairCheck(True, details[0], details)
     return PairCheck(True, "same class, vocabulary size and special ids (recorded facts only)",
                      ["only one tokenizer is on disk, so ids were not compared token by token"])
+
+
+EAGLE_IDENTITY = ("hidden_size", "vocab_size", "num_hidden_layers")
+
+
+def eagle_identity(target_config: dict) -> dict:
+    """What an EAGLE head records of the target it was trained for (config.json's "eagle")."""
+    return {k: target_config.get(k) for k in EAGLE_IDENTITY}
+
+
+def compare_eagle(head_config: dict, target_config: dict) -> PairCheck:
+    """An EAGLE head's config.json against the target's config: the head pairs with the target it
+    was trained for (its hidden states and vocabulary), and with no other."""
+    wanted, have = head_config["eagle"]["target"], eagle_identity(target_config)
+    if wanted != have:
+        return PairCheck(False, f"the EAGLE head was trained for a target with {wanted}, not this one "
+                                f"({have}): it reads the target's hidden states, so it only works with that target")
+    return PairCheck(True, "an EAGLE head trained for this target: it reads the target's hidden states "
+                           "and speaks its tokenizer")

@@ -85,6 +85,8 @@ def tokenizer_facts(ref: ModelRef) -> dict:
 
 
 def check_tokenizers(d: ModelRef, t: ModelRef) -> TokenizerCheck:
+    if "eagle" in d.config:  # an EAGLE head: no tokenizer of its own, the target's shape decides
+        return pairing.compare_eagle(d.config, t.config)
     if d.kind == t.kind == "local":
         return pairing.compare_tokenizers(_load_tokenizer(d.path), _load_tokenizer(t.path))
     return pairing.compare_facts(tokenizer_facts(d), tokenizer_facts(t), d.kind == t.kind == "catalog")
