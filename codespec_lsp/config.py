@@ -62,9 +62,10 @@ class Settings:
         lambda v: 16 <= v <= 1_000_000, "16 to 1000000"))
     # The definitions of the names a file imports from other files of the workspace (open
     # documents, then files under the workspace folders) before the file in the prompt
-    # (completion/workspace.py). Off: on 9 points of benchmarks/context/sample with SmolLM2-135M
-    # `codespec-lsp bench context` measured no gain yet (benchmarks/results/context_smol_sample.json).
-    workspace_context: bool = False
+    # (completion/workspace.py). On: with SmolLM2-135M, `codespec-lsp bench context` measured it
+    # at or above off on every figure on three packages written after the model, at no keystroke
+    # cost (docs/context.md); a file that imports nothing from the workspace gets the same prompt.
+    workspace_context: bool = True
     # The confidence gate (postprocess): a suggested line whose tokens' geometric-mean target
     # probability is below this (0..1) is not shown. None: postprocess.DEFAULT_MIN_CONFIDENCE,
     # measured with `codespec-lsp bench quality`. Lower shows more (and worse) suggestions.

@@ -326,5 +326,6 @@ def test_bench_context_scores_what_the_context_gives_and_the_keystroke_prefill(t
     assert got["with_context"]["points"] == got["without_context"]["points"] == 6
     assert got["with_context"]["exact_line"] == 1.0 and got["with_context"]["name_hit"] == 1.0
     assert got["without_context"]["exact_line"] == 0.0 and got["without_context"]["name_hit"] == 0.0
-    assert 0 < got["with_context"]["prefill_tokens_per_keystroke"] <= 4
-    assert "prefill_tokens_per_keystroke" not in got["without_context"]
+    for variant in ("with_context", "without_context"):  # typing costs a few tokens either way
+        assert 0 < got[variant]["prefill_tokens_per_keystroke"] <= 4
+        assert got[variant]["keystroke_ms_p50"] > 0

@@ -14,7 +14,9 @@ Fields, for each of "with_context" and "without_context":
   edit_similarity     mean difflib ratio of first line vs rest of the real line (0: nothing shown)
   prefix_match_chars  mean common prefix of suggestion and real text, in characters
   name_hit            the suggestion's first line uses the imported name the real line uses
-  prefill_tokens_per_keystroke  (with context) prompt tokens run per character typed after a point
+  prefill_tokens_per_keystroke  prompt tokens run per character typed after a point
+  keystroke_ms_p50    median ms from such a character to a 4-token suggestion (complete_at, the
+                      pipeline an editor's request runs, without the server's debounce)
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from __future__ import annotations
 import json
 import random
 import re
+import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,24 +135,25 @@ KEYSTROKE_POINTS = 8   # points where the real line is then typed, a character a
 KEYSTROKES = 4
 
 
-def _typed(engine, builder: ContextBuilder, cp: ContextPoint, ask) -> list[int]:
-    """Prompt tokens the model ran for each of KEYSTROKES characters of the real line, typed
-    after the first completion (the KV cache is what makes each few)."""
+def _typed(engine, builder: ContextBuilder, cp: ContextPoint, ask) -> list[tuple[int, float]]:
+    """(prompt tokens the model ran, ms to a 4-token suggestion) for each of KEYSTROKES characters
+    of the real line, typed after the first completion (the KV cache is what makes each few)."""
     line = cp.point.source[cp.point.offset:].split("\n", 1)[0]
-    counts = []
+    typed = []
     for i in range(1, min(KEYSTROKES, len(line)) + 1):
         at = cp.point.offset + i
+        started = time.perf_counter()
         result, _ = ask(cp.point.source[:at] + cp.point.document[cp.point.offset:], at, 4)
-        counts.append(result.prefill_tokens)
-    return counts
+        typed.append((result.prefill_tokens, (time.perf_counter() - started) * 1000))
+    return typed
 
 
 def context_bench(engine, package: str | Path | None = None, points: int = 40, seed: int = 0,
                   copy_weight: float | None = None, variants: dict[str, dict] | None = None,
                   keystroke_points: int = KEYSTROKE_POINTS) -> dict:
     """The FIELDS for each variant (ContextBuilder settings; by default with and without
-    workspace context) on the same points; a variant with context also gets
-    prefill_tokens_per_keystroke, over `keystroke_points` points."""
+    workspace context) on the same points, and each variant's prefill_tokens_per_keystroke and
+    keystroke_ms_p50 over `keystroke_points` points."""
     root = Path(package).resolve() if package else SAMPLE
     pts = context_points(root, points, seed)
     if not pts:
@@ -156,28 +161,37 @@ def context_bench(engine, package: str | Path | None = None, points: int = 40, s
     settings = Settings()
     budget = default_context_tokens(engine.context_window, settings.max_tokens)
     out: dict = {"package": str(root), "seed": seed, "budget_tokens": budget}
-    for label, options in (variants or DEFAULT_VARIANTS).items():
-        builder = ContextBuilder(engine.count_tokens, budget, fim_tokens=engine.fim_tokens, **options)
-        rows, typed = [], []
-        for i, cp in enumerate(pts):
-            key, path = Path(cp.point.path).as_uri(), Path(cp.point.path)
-            # The modules the file imports from are the ones open beside it (the server sends
-            # at most 8 other documents).
-            others = [(f.as_uri(), f.read_text(encoding="utf-8", errors="replace"))
-                      for f in siblings(path, cp.point.source, root)[2]][:8]
+    variants = variants or DEFAULT_VARIANTS
+    builders = {label: ContextBuilder(engine.count_tokens, budget, fim_tokens=engine.fim_tokens, **options)
+                for label, options in variants.items()}
+    rows: dict[str, list[dict]] = {label: [] for label in variants}
+    typed: dict[str, list[tuple[int, float]]] = {label: [] for label in variants}
+    for i, cp in enumerate(pts):
+        key, path = Path(cp.point.path).as_uri(), Path(cp.point.path)
+        # The modules the file imports from are the ones open beside it (the server sends
+        # at most 8 other documents).
+        others = [(f.as_uri(), f.read_text(encoding="utf-8", errors="replace"))
+                  for f in siblings(path, cp.point.source, root)[2]][:8]
+        # Variants take turns at each point, in alternating order: a shared machine's slow
+        # spells then hit every variant alike (variant after variant, one read 60 % slower).
+        order = list(variants) if i % 2 == 0 else list(reversed(variants))
+        for label in order:
+            builder = builders[label]
 
             def ask(document: str, offset: int, max_tokens: int = settings.max_tokens):
                 return complete_at(engine, builder, key, document, offset, max_tokens=max_tokens,
                                    others=others, roots=[root.as_uri()], copy_weight=copy_weight)
             _, text = ask(cp.point.document, cp.point.offset)
-            rows.append({**score(cp.point, text), "name_hit": _name_hit(cp, text)})
-            if options.get("workspace_context") and i < keystroke_points:
-                typed += _typed(engine, builder, cp, ask)
+            rows[label].append({**score(cp.point, text), "name_hit": _name_hit(cp, text)})
+            if i < keystroke_points:
+                typed[label] += _typed(engine, builder, cp, ask)
             builder.forget(key)  # a fresh document per point: no cut carried over
-            print(f"{label} {i + 1}/{len(pts)} {rows[-1]}", file=sys.stderr, flush=True)
-        out[label] = summarize(rows)
-        if typed:
-            out[label]["prefill_tokens_per_keystroke"] = round(sum(typed) / len(typed), 2)
+            print(f"{label} {i + 1}/{len(pts)} {rows[label][-1]}", file=sys.stderr, flush=True)
+    for label in variants:
+        out[label] = summarize(rows[label])
+        if typed[label]:
+            out[label]["prefill_tokens_per_keystroke"] = round(statistics.mean(t for t, _ in typed[label]), 2)
+            out[label]["keystroke_ms_p50"] = round(statistics.median(ms for _, ms in typed[label]), 1)
     return out
 
 

@@ -100,7 +100,7 @@ export function readSettings(cfg: ConfigLike): ExtensionSettings {
     debounceMs: int(cfg.get('debounceMs')),
     timeBudgetMs: int(cfg.get('timeBudgetMs')),
     contextTokens: int(cfg.get('contextTokens')),
-    workspaceContext: cfg.get<boolean>('workspaceContext') === true,
+    workspaceContext: cfg.get<boolean>('workspaceContext') !== false,  // on unless turned off
     minConfidence: num(cfg.get('minConfidence')),
     copyWeight: num(cfg.get('copyWeight')),
     wordBias: num(cfg.get('wordBias')),

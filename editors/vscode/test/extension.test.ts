@@ -39,7 +39,7 @@ afterEach(async () => {
 const context = () => ({ subscriptions: [] as { dispose(): unknown }[] }) as any;
 const settle = () => new Promise((r) => setTimeout(r, 20));
 const neverCancelled = { isCancellationRequested: false };
-const defaultSwitches = { allowDownload: false, trustRemoteCode: false, workspaceContext: false, exact: false };
+const defaultSwitches = { allowDownload: false, trustRemoteCode: false, workspaceContext: true, exact: false };
 
 test('activation starts the configured server with the settings as initializationOptions', async () => {
   await ext.activate(context());
@@ -50,7 +50,7 @@ test('activation starts the configured server with the settings as initializatio
     args: ['serve', '--log-file', '/tmp/codespec.log'],
   });
   assert.deepEqual(client.clientOptions.initializationOptions(), {
-    enable: true, device: 'cpu', preset: 'tiny', allowDownload: false, trustRemoteCode: false, workspaceContext: false,
+    enable: true, device: 'cpu', preset: 'tiny', allowDownload: false, trustRemoteCode: false, workspaceContext: true,
     exact: false,
   });
   assert.deepEqual(client.clientOptions.documentSelector, [

@@ -31,7 +31,7 @@ const defaults = {
   dtype: null,
   allowDownload: false,
   trustRemoteCode: false,
-  workspaceContext: false,
+  workspaceContext: true,
   minConfidence: null,
   copyWeight: null,
   wordBias: null,
@@ -42,13 +42,19 @@ const defaults = {
   logLevel: null,
 };
 
-const defaultSwitches = { allowDownload: false, trustRemoteCode: false, workspaceContext: false, exact: false };
+const defaultSwitches = { allowDownload: false, trustRemoteCode: false, workspaceContext: true, exact: false };
 
 test('defaults start `codespec-lsp serve` and tell the server only enable, device and the switches', () => {
   const s = readSettings(config(defaults));
   assert.deepEqual(serverCommand(s), { command: 'codespec-lsp', args: ['serve'] });
   // The switches always go, so turning one off later reaches a server started with it on.
   assert.deepEqual(serverSettings(s), { enable: true, device: 'auto', ...defaultSwitches });
+});
+
+test('workspace context is on unless the user turns it off', () => {
+  const { workspaceContext: _, ...unset } = defaults;
+  assert.equal(serverSettings(readSettings(config(unset))).workspaceContext, true);
+  assert.equal(serverSettings(readSettings(config({ ...defaults, workspaceContext: false }))).workspaceContext, false);
 });
 
 test('every server setting goes under its own key', () => {
