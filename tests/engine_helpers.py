@@ -13,6 +13,11 @@ from codespec_lsp.engine.engine import Engine
 from codespec_lsp.engine.models import TINY_DIR, load_model, load_tokenizer
 
 CORPUS = Path(__file__).resolve().parent.parent / "benchmarks" / "corpus"
+# Prompts the engine tests generate after, and how many tokens: one short, one of a few lines,
+# one well over 512 tokens (several prefill chunks).
+SOURCE = (CORPUS / "textwrap.py").read_text()
+PROMPTS = {"short": "def add(a, b):\n    ", "medium": SOURCE[:900], "long": SOURCE[:6000]}
+N_NEW = 24
 
 
 def tiny_parts():

@@ -12,15 +12,10 @@ from codespec_lsp.engine import hf
 from codespec_lsp.engine.api import ModelLoadError
 from codespec_lsp.engine.eagle import CATCH_UP_CHUNK, EagleHead, is_eagle_folder, load_head, save_head
 from codespec_lsp.engine.kvcache import KV
-from engine_helpers import (CORPUS, generate_text, make_engine, prefill_text, reference_greedy,
+from engine_helpers import (CORPUS, N_NEW, PROMPTS, generate_text, make_engine, prefill_text, reference_greedy,
                             sampled_pairs_chi_square, tiny_parts, toy_pair)
 
 pytestmark = pytest.mark.slow
-
-SOURCE = (CORPUS / "textwrap.py").read_text()
-PROMPTS = {"short": "def add(a, b):\n    ", "medium": SOURCE[:900], "long": SOURCE[:6000]}
-N_NEW = 24
-
 
 @pytest.fixture(scope="module")
 def parts():

@@ -12,19 +12,11 @@ import torch
 
 from codespec_lsp.engine.api import CancelToken
 from codespec_lsp.engine.kvcache import PrefixCache
-from engine_helpers import (generate_text, prefill_text, CORPUS, make_engine, sampled_pairs_chi_square,
-                            random_draft_like, reference_greedy, tiny_parts, toy_pair)
+from engine_helpers import (N_NEW, PROMPTS, SOURCE, generate_text, prefill_text, make_engine,
+                            sampled_pairs_chi_square, random_draft_like, reference_greedy, tiny_parts,
+                            toy_pair)
 
 pytestmark = pytest.mark.slow
-
-SOURCE = (CORPUS / "textwrap.py").read_text()
-PROMPTS = {
-    "short": "def add(a, b):\n    ",
-    "medium": SOURCE[:900],
-    "long": SOURCE[:6000],  # well over 512 tokens: several prefill chunks
-}
-N_NEW = 24
-
 
 @pytest.fixture(scope="module")
 def parts():

@@ -57,3 +57,14 @@ def test_the_cache_grows_in_place_and_holds_what_concatenation_would():
     torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
     for mine, theirs in zip(cache.layers, plain.layers):
         torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-4)
+
+
+def test_a_prefill_chunk_computes_the_last_rows_logits_only():
+    model = load_model(str(TINY_DIR / "target"), device="cpu", dtype=torch.float32)
+    ids = torch.randint(3, 500, (40,)).tolist()
+    full, last = hf.new_cache(model), hf.new_cache(model)
+    every = hf.forward(model, ids, full)
+    one = hf.forward(model, ids, last, last_only=True)
+    assert every.shape[0] == 40 and one.shape[0] == 1
+    torch.testing.assert_close(one[0], every[-1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(last.layers[0].keys, full.layers[0].keys)  # the same KV either way

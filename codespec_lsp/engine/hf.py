@@ -163,14 +163,16 @@ def cache_nbytes(cache: DynamicCache) -> int:
 
 
 @torch.inference_mode()
-def forward(model: PreTrainedModel, ids: list[int], cache: DynamicCache) -> torch.Tensor:
-    """Run `ids` after what `cache` holds; the cache grows by len(ids). Returns fp32 logits [len(ids), V]."""
-    return forward_with_states(model, ids, cache, states=False)[0]
+def forward(model: PreTrainedModel, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
+    """Run `ids` after what `cache` holds; the cache grows by len(ids). Returns fp32 logits
+    [len(ids), V], or [1, V] for the last id only with `last_only` (a prefill chunk, whose logits
+    nobody reads: on smol the LM head is a fifth of the weights, a tenth of a chunk's work)."""
+    return forward_with_states(model, ids, cache, states=False, last_only=last_only)[0]
 
 
 @torch.inference_mode()
 def forward_with_states(model: PreTrainedModel, ids: list[int], cache: DynamicCache,
-                        states: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        states: bool = True, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """forward, and with `states` also the final hidden states [len(ids), H] the LM head reads
     (after the final norm): what an EAGLE draft head (engine/eagle.py) drafts from."""
     device = model.device
@@ -178,12 +180,14 @@ def forward_with_states(model: PreTrainedModel, ids: list[int], cache: DynamicCa
     before = cache_len(cache)
     try:
         if not states:
-            return model(input_ids=input_ids, past_key_values=cache, use_cache=True).logits[0].float(), None
+            out = model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+                        logits_to_keep=1 if last_only else 0)  # 0: every row
+            return out.logits[0].float(), None
         hidden = model.model(input_ids=input_ids, past_key_values=cache, use_cache=True).last_hidden_state
     except ForwardCancelled:
         crop_layers(cache, before)  # the cache is as if this forward never started
         raise
-    return model.lm_head(hidden)[0].float(), hidden[0]
+    return model.lm_head(hidden[:, -1:] if last_only else hidden)[0].float(), hidden[0]
 
 
 def prefill(model: PreTrainedModel, ids: list[int], cache: DynamicCache, chunk: int,
@@ -194,7 +198,7 @@ def prefill(model: PreTrainedModel, ids: list[int], cache: DynamicCache, chunk: 
         if cancelled():
             return False
         try:
-            forward(model, ids[start:start + chunk], cache)
+            forward(model, ids[start:start + chunk], cache, last_only=True)
         except ForwardCancelled:
             return False
     return True

@@ -63,14 +63,15 @@ class KV:
             return None
         return self._states[:len(self.ids)]
 
-    def extend(self, ids: list[int]) -> torch.Tensor:
-        """Run `ids` after what is held; returns their logits [len(ids), V]. A forward cancelled
-        between layers is rolled back whole (hf.forward), so `ids` stay as they were."""
+    def extend(self, ids: list[int], last_only: bool = False) -> torch.Tensor:
+        """Run `ids` after what is held; returns their logits [len(ids), V] ([1, V], the last
+        id's, with `last_only`). A forward cancelled between layers is rolled back whole
+        (hf.forward), so `ids` stay as they were."""
         if not self.keep_states:
-            logits = hf.forward(self.model, ids, self.cache)
+            logits = hf.forward(self.model, ids, self.cache, last_only)
             self.ids.extend(ids)
             return logits
-        logits, states = hf.forward_with_states(self.model, ids, self.cache)
+        logits, states = hf.forward_with_states(self.model, ids, self.cache, last_only=last_only)
         held, end = len(self.ids), len(self.ids) + len(ids)
         if self._states is None or len(self._states) < held:
             self._states = None if held else states.new_empty((0, states.shape[-1]))
@@ -89,7 +90,7 @@ class KV:
             if cancelled():
                 return False
             try:
-                self.extend(ids[start:start + chunk])
+                self.extend(ids[start:start + chunk], last_only=True)
             except hf.ForwardCancelled:
                 return False
         return True
