@@ -114,36 +114,36 @@ def next_token_accuracy(engine: Engine, stream: torch.Tensor, window: int = 512,
     return correct / total, unigram
 
 
-def forward_ms(model, context: int = 512, reps: int = 10) -> float:
-    """Median time of one 1-token forward after `context` cached tokens."""
-    cache = hf.new_cache(model)
-    vocab = model.config.vocab_size
-    hf.forward(model, [1 + i % (vocab - 1) for i in range(context)], cache)
+def _step_ms(cache, context: int, step, reps: int) -> float:
+    """Median ms of `step(i)`, each run after the same `context` cached positions."""
     times = []
     for i in range(reps):
         start = time.perf_counter()
-        hf.forward(model, [3 + i], cache)
+        step(i)
         times.append(time.perf_counter() - start)
         hf.crop(cache, context)
     return statistics.median(times) * 1000
 
 
+def forward_ms(model, context: int = 512, reps: int = 10) -> float:
+    """Median time of one 1-token forward after `context` cached tokens."""
+    cache = hf.new_cache(model)
+    vocab = model.config.vocab_size
+    hf.forward(model, [1 + i % (vocab - 1) for i in range(context)], cache)
+    return _step_ms(cache, context, lambda i: hf.forward(model, [3 + i], cache), reps)
+
+
+@torch.inference_mode()
 def head_step_ms(head, context: int = 512, reps: int = 10) -> float:
     """Median time of one EAGLE draft step (a 1-token layer forward and its cut LM head) after
     `context` cached entries: the head's side of the cost ratio."""
     cache = hf.new_cache(head.body)
     param = next(head.parameters())
-    with torch.inference_mode():
-        head(torch.ones(1, context, dtype=torch.long, device=param.device),
-             torch.zeros(1, context, head.config.hidden_size, dtype=param.dtype, device=param.device), cache)
-        state = torch.zeros(1, 1, head.config.hidden_size, dtype=param.dtype, device=param.device)
-        times = []
-        for i in range(reps):
-            start = time.perf_counter()
-            head.logits(head(torch.tensor([[3 + i]], device=param.device), state, cache)[0, -1])
-            times.append(time.perf_counter() - start)
-            hf.crop(cache, context)
-    return statistics.median(times) * 1000
+    zeros = lambda n: torch.zeros(1, n, head.config.hidden_size, dtype=param.dtype, device=param.device)  # noqa: E731
+    head(torch.ones(1, context, dtype=torch.long, device=param.device), zeros(context), cache)
+    state = zeros(1)
+    return _step_ms(cache, context, lambda i: head.logits(
+        head(torch.tensor([[3 + i]], device=param.device), state, cache)[0, -1]), reps)
 
 
 def _gen(engine: Engine, prompt: str, **options) -> GenerationResult:

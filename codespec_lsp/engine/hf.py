@@ -72,10 +72,11 @@ class GrowingLayer(DynamicLayer):
     forward overwrites what was cut. Nothing else holds a view: a KV owns its cache, and a copy
     (copy_head) goes through `update` into buffers of its own."""
 
+    buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, values) with the spare room
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-            self.buffers = None
         held = self.get_seq_length()
         end = held + key_states.shape[-2]
         if self.buffers is None or self.buffers[0].shape[-2] < end:
