@@ -1,5 +1,6 @@
-"""engine/cpu_linear.py: the transposed small-batch product is the same linear map, and installing
-it on a model changes which kernel runs, never the weights, the keys or the greedy output."""
+"""engine/cpu_linear.py: the transposed and packed small-batch products are the same linear map, and
+installing them on a model changes which kernel runs, never the weights, the keys or the greedy
+output."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from codespec_lsp.engine.models import TINY_DIR, load_model
 from engine_helpers import CORPUS, generate_text, make_engine, reference_greedy, tiny_parts
 
 
+FORMS = (cpu_linear.TRANSPOSED, cpu_linear.PACKED)
+
+
+@torch.inference_mode()
 def test_small_batch_linear_computes_the_same_map_for_every_row_count():
     torch.manual_seed(0)
     for bias in (False, True):
@@ -17,48 +22,58 @@ def test_small_batch_linear_computes_the_same_map_for_every_row_count():
         reference = torch.nn.Linear(48, 80, bias=bias)
         reference.load_state_dict(layer.state_dict())
         layer.__class__ = cpu_linear.SmallBatchLinear
-        layer.transposed_rows = frozenset({1, 2, 3, 5})
-        for rows in range(1, 12):
-            x = torch.randn(1, rows, 48)
-            out = layer(x)
-            assert out.shape == (1, rows, 80)
-            torch.testing.assert_close(out, reference(x), rtol=1e-5, atol=1e-5)
+        layer.packed = cpu_linear.pack(layer.weight)
+        assert layer.packed is not None  # the CPU build CI installs has oneDNN
+        for form in FORMS:
+            # rows 4, 6 and the long ones keep F.linear: a plan names only the counts that won
+            layer.forms = {1: form, 2: form, 3: form, 5: form, cpu_linear.LONG_ROWS: form}
+            for rows in (*range(1, 12), 100):
+                x = torch.randn(1, rows, 48)
+                out = layer(x)
+                assert out.shape == (1, rows, 80)
+                torch.testing.assert_close(out, reference(x), rtol=1e-5, atol=1e-5)
 
 
 def test_install_swaps_every_linear_and_keeps_the_model():
     model = load_model(str(TINY_DIR / "target"), device="cpu", dtype=torch.float32)
     # load_model installs it on the CPU; what it chose is kept beside the model
-    assert set(model.cpu_linear_plan) <= set(range(1, cpu_linear.MAX_ROWS + 1))
+    plan = model.cpu_linear_plan
+    assert set(plan) <= {*range(1, cpu_linear.MAX_ROWS + 1), cpu_linear.LONG_ROWS}
+    assert set(plan.values()) <= set(FORMS)
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(type(m) is cpu_linear.SmallBatchLinear for m in linears)
+    # the packed copy of the weights is kept only where a row count uses it
+    assert all((m.packed is not None) == (cpu_linear.PACKED in plan.values()) for m in linears)
     keys = set(model.state_dict())
 
     ids = torch.tensor([[5, 17, 99, 3, 42, 8]])
     with torch.inference_mode():
-        for rows in (frozenset(), frozenset(range(1, 9))):
+        cpu_linear._set_forms(linears, {})
+        plain = model(input_ids=ids).logits
+        for form in FORMS:
             for m in linears:
-                m.transposed_rows = rows
-            logits = model(input_ids=ids).logits
-            if not rows:
-                plain = logits
-        torch.testing.assert_close(logits, plain, rtol=1e-4, atol=1e-4)
+                m.packed = cpu_linear.pack(m.weight)
+            cpu_linear._set_forms(linears, {n: form for n in range(1, 9)})
+            torch.testing.assert_close(model(input_ids=ids).logits, plain, rtol=1e-4, atol=1e-4)
     assert set(model.state_dict()) == keys
     # the tied LM head still reads the embedding's storage
     if model.config.tie_word_embeddings:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
-def test_speculative_greedy_equals_the_target_with_every_row_count_transposed():
+def test_speculative_greedy_equals_the_target_with_every_row_count_transposed_or_packed():
     tok, target, draft = tiny_parts()
-    for model in (target, draft):
-        for m in model.modules():
-            if isinstance(m, cpu_linear.SmallBatchLinear):
-                m.transposed_rows = frozenset(range(1, cpu_linear.MAX_ROWS + 1))
     prompt = (CORPUS / "textwrap.py").read_text()[:900]
-    want = reference_greedy(target, tok, make_engine(target, None, tok), prompt, 24)
-    for draft_model, drafter in ((draft, "model"), (target, "model"), (None, "ngram")):
-        result = generate_text(make_engine(target, draft_model, tok, drafter=drafter), prompt,
-                               max_new_tokens=24)
-        assert result.tokens == want, drafter
-        assert result.proposed > 0
+    for form in FORMS:
+        for model in (target, draft):
+            linears = [m for m in model.modules() if isinstance(m, cpu_linear.SmallBatchLinear)]
+            for m in linears:
+                m.packed = cpu_linear.pack(m.weight)
+            cpu_linear._set_forms(linears, {n: form for n in (*range(1, 9), cpu_linear.LONG_ROWS)})
+        want = reference_greedy(target, tok, make_engine(target, None, tok), prompt, 24)
+        for draft_model, drafter in ((draft, "model"), (target, "model"), (None, "ngram")):
+            result = generate_text(make_engine(target, draft_model, tok, drafter=drafter), prompt,
+                                   max_new_tokens=24)
+            assert result.tokens == want, (form, drafter)
+            assert result.proposed > 0
 

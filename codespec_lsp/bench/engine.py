@@ -25,8 +25,10 @@ What each field means (the README quotes these):
   draft                         the draft model's folder (None: n-gram prompt lookup only)
   draft_cost_ratio              drafting seconds per proposed token / the median 1-token target
                                 forward, speculative runs (speedup.py's c; None if none proposed)
-  cpu_linear                    the row counts (1..8) the target's CPU linears compute as
-                                (W @ x.T).T, measured faster at load (engine/cpu_linear.py)
+  cpu_linear                    {row count: form}: where the target's CPU linears compute
+                                (W @ x.T).T ("transposed") or through oneDNN's packed weight
+                                ("packed"), measured faster than F.linear at load ("64": every
+                                longer count, prefill chunks; engine/cpu_linear.py)
   verify_cost_by_k              a target forward over k+1 tokens in 1-token forwards, k = 0..8,
                                 as adaptive K last read them (VerifyTimes; unmeasured k assumed)
   time_split_s                  per mode ("target", "spec"): seconds of prefill, draft, verify and
@@ -322,7 +324,8 @@ def engine_bench(engine: Engine, corpus: str | None = None, points: int = 24,
         "device": engine.device,
         "draft": engine.draft_name,
         "drafter": engine.drafter,
-        "cpu_linear": getattr(engine.target_model, "cpu_linear_plan", None),
+        "cpu_linear": {str(n): form for n, form in
+                       (getattr(engine.target_model, "cpu_linear_plan", None) or {}).items()},
         **main,
         "next_token_accuracy": round(accuracy, 4),
         "unigram_accuracy": round(unigram, 4),
