@@ -295,8 +295,8 @@ def plan(draft_cfg: dict, target_cfg: dict, gpu_mem_bytes: int, context: int, *,
         advice.append(f"That c is {c / (d_read / t_read):.1f}x what bytes read predict "
                       f"({d_read / t_read:.2f}): the forwards are bound by per-operation overhead (Python "
                       "dispatch, kernel launches), not by memory, and a draft pays it per layer like "
-                      "the target. A draft with fewer layers, or an engine that replays CUDA graphs "
-                      "(vLLM, llama-server), brings c back toward the bytes figure.")
+                      "the target. A draft with fewer layers brings c back toward the bytes figure; "
+                      "on a GPU, so does an engine that replays CUDA graphs (vLLM, llama-server).")
     if tokenizer_compatible and k is not None and k != bk:
         advice.append(f"K={k} gives {s:.2f}x; K={bk} gives {best_s:.2f}x.")
     if not advice:
