@@ -329,3 +329,28 @@ def test_bench_context_scores_what_the_context_gives_and_the_keystroke_prefill(t
     for variant in ("with_context", "without_context"):  # typing costs a few tokens either way
         assert 0 < got[variant]["prefill_tokens_per_keystroke"] <= 4
         assert got[variant]["keystroke_ms_p50"] > 0
+
+
+def test_usages_detail_adds_how_the_open_documents_call_a_name(tmp_path):
+    pkg = package(tmp_path)
+    (pkg / "cli.py").write_text("")
+    cli = ("from .models import load_config, Config\n\n"
+           "def main(argv):\n"
+           "    cfg = load_config(argv[1])\n"
+           "    # load_config reads TOML\n"
+           "    again = load_config(argv[1])\n"
+           "    third = load_config('x')\n")
+    others = [((pkg / "cli.py").as_uri(), cli), ((pkg / "models.py").as_uri(), MODELS)]
+    p = build(ContextBuilder(CountingTokenizer(), 1200, workspace_context=True,
+                             context_detail="usages"), pkg, others=others)
+    head = p.text.partition("import os")[0]
+    # two uses a name, under its signature: not the import, the comment, nor a third
+    assert ("def load_config(path: str) -> Config:\n    \"\"\"Reads a Config from a TOML file.\"\"\"\n"
+            "    ...\n# e.g. cfg = load_config(argv[1])\n# e.g. again = load_config(argv[1])\n") in head
+    assert "third" not in head and "# e.g. from" not in head and "# e.g. \"\"\"" not in head
+    assert "# e.g. return Config(\"x\")" in head  # the defining module's own uses count too
+    assert "# e.g. RETRIES" not in head  # its definition is already shown
+    # the signatures detail adds no uses
+    plain = build(ContextBuilder(CountingTokenizer(), 1200, workspace_context=True), pkg,
+                  others=others)
+    assert "# e.g." not in plain.text

@@ -35,6 +35,7 @@ CANDIDATES = {
                             "context_share": 0.4},
     "signatures_0.25_comment": {"workspace_context": True, "context_detail": "signatures",
                                 "context_form": "comment"},
+    "usages_0.25_code": {"workspace_context": True, "context_detail": "usages"},
 }
 
 

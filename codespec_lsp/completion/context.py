@@ -134,7 +134,9 @@ class ContextBuilder:
             return ""
 
         def shown(d: Definition) -> str:
-            text = d.short if self.context_detail == "signatures" else d.text
+            text = d.short if self.context_detail in ("signatures", "usages") else d.text
+            if self.context_detail == "usages":
+                text += "".join(f"\n# e.g. {line}" for line in _usages(d.name, others, text))
             if self.context_form == "comment":
                 # Every line a comment: notes above the file, not code the file already holds.
                 text = "\n".join(f"# {line}" for line in text.splitlines())
@@ -197,6 +199,27 @@ class ContextBuilder:
             cut = text.rfind("\n", 0, len(text) - 1)
             text = text[:cut + 1] if cut > 0 else text[:len(text) // 2]
         return text
+
+
+_NOT_USES = ("from ", "import ", "def ", "class ", "async def ", "#", "@", '"', "'")
+
+
+def _usages(name: str, others: Sequence[tuple[str, str]], shown: str, limit: int = 2) -> list[str]:
+    """Up to `limit` distinct lines of the other open documents that use `name`, stripped: how the
+    workspace calls it. Not imports, definitions, comments, docstrings nor what `shown` holds."""
+    use = re.compile(rf"(?<![\w.]){re.escape(name)}(?!\w)")
+    out: list[str] = []
+    for _, text in others:
+        for m in use.finditer(text[:LOOKUP_CHARS]):
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            line = text[start:end if end != -1 else len(text)].strip()
+            if (line and line not in out and line not in shown and len(line) <= 120
+                    and not line.startswith(_NOT_USES)):
+                out.append(line)
+                if len(out) >= limit:
+                    return out
+    return out
 
 
 def _last_use(source: str, offset: int, name: str) -> int:
