@@ -108,6 +108,10 @@ class RequestStats:
         self.started()
         self.ended("cancelled", 0.0)
 
+    def prefilled(self, tokens: int) -> None:
+        """Prompt tokens a warm prefill ran (no generation): prefill_tokens counts all prompt work."""
+        self.prefill_tokens += tokens
+
     def generation(self, result: Any, wasted: bool) -> None:
         """One generation's counts (a GenerationResult), whether its answer was seen or not."""
         # Decode forwards only, as the engine counts them: a cancelled prefill is not waste,

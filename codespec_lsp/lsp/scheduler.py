@@ -244,6 +244,7 @@ class Scheduler:
                 return None
             warm = asyncio.get_running_loop().run_in_executor(
                 self._executor, self._warm, engine, job.ticket, req, settings)
+            warm.add_done_callback(self._count_warm)  # it may end after the ticket goes stale
             await job.ticket.until(warm)
             delay = max(0.0, delay - (self._clock() - t0))
         return max_tokens if await self.stale.debounce(job.ticket, delay) else None
@@ -356,16 +357,24 @@ class Scheduler:
         return _Ran(result, text, builder.prompt)
 
     def _warm(self, engine: Any, ticket: Ticket, req: CompletionRequest,
-              settings: Settings) -> None:
+              settings: Settings) -> Any:
+        """The prompt prefilled during the debounce; its GenerationResult (None: nothing ran)."""
         if ticket.cancel.cancelled:
-            return
+            return None
         try:
-            prefill_at(engine, self._context_builder(engine, settings), req.key,
-                       _clean(req.source), req.offset,
-                       [(n, _clean(t)) for n, t in req.others], cancel=ticket.cancel,
-                       roots=req.roots)
+            return prefill_at(engine, self._context_builder(engine, settings), req.key,
+                              _clean(req.source), req.offset,
+                              [(n, _clean(t)) for n, t in req.others], cancel=ticket.cancel,
+                              roots=req.roots)
         except Exception:
             log.debug("warm prefill failed", exc_info=True)  # only an optimisation
+            return None
+
+    def _count_warm(self, warm: asyncio.Future) -> None:
+        # A warm prefill is prompt work like a completion's: on a loaded machine it can run the
+        # whole prompt, and the stats then read no prefill at all for the answer that used it.
+        if not warm.cancelled() and warm.exception() is None and warm.result() is not None:
+            self.stats.prefilled(warm.result().prefill_tokens)
 
     def _context_builder(self, engine: Any, settings: Settings) -> ContextBuilder:
         budget = settings.context_tokens or default_context_tokens(
