@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import time
 import weakref
@@ -244,7 +245,7 @@ class Scheduler:
                 return None
             warm = asyncio.get_running_loop().run_in_executor(
                 self._executor, self._warm, engine, job.ticket, req, settings)
-            warm.add_done_callback(self._count_warm)  # it may end after the ticket goes stale
+            warm.add_done_callback(functools.partial(_count_warm, self.stats))  # may end stale
             await job.ticket.until(warm)
             delay = max(0.0, delay - (self._clock() - t0))
         return max_tokens if await self.stale.debounce(job.ticket, delay) else None
@@ -358,7 +359,6 @@ class Scheduler:
 
     def _warm(self, engine: Any, ticket: Ticket, req: CompletionRequest,
               settings: Settings) -> Any:
-        """The prompt prefilled during the debounce; its GenerationResult (None: nothing ran)."""
         if ticket.cancel.cancelled:
             return None
         try:
@@ -369,12 +369,6 @@ class Scheduler:
         except Exception:
             log.debug("warm prefill failed", exc_info=True)  # only an optimisation
             return None
-
-    def _count_warm(self, warm: asyncio.Future) -> None:
-        # A warm prefill is prompt work like a completion's: on a loaded machine it can run the
-        # whole prompt, and the stats then read no prefill at all for the answer that used it.
-        if not warm.cancelled() and warm.exception() is None and warm.result() is not None:
-            self.stats.prefilled(warm.result().prefill_tokens)
 
     def _context_builder(self, engine: Any, settings: Settings) -> ContextBuilder:
         budget = settings.context_tokens or default_context_tokens(
@@ -387,3 +381,11 @@ class Scheduler:
                                                 workspace_context=settings.workspace_context), \
                 weakref.ref(engine)
         return self._builder[1]
+
+
+def _count_warm(stats: RequestStats, warm: asyncio.Future) -> None:
+    """A warm prefill (Scheduler._warm: a GenerationResult, None when nothing ran) counted as prompt
+    work like a completion's: on a loaded machine it can run the whole prompt, and the stats then
+    read no prefill at all for the answer that used it."""
+    if not warm.cancelled() and warm.exception() is None and warm.result() is not None:
+        stats.prefilled(warm.result().prefill_tokens)
