@@ -95,7 +95,8 @@ def install(model: torch.nn.Module) -> dict[int, str]:
     plan = {}
     for rows in list(range(1, MAX_ROWS + 1)) + [LONG_ROWS]:
         ids = torch.zeros(1, rows, dtype=torch.long)
-        best = dict.fromkeys(forms if rows <= MAX_ROWS else [LINEAR, *forms[2:]], float("inf"))
+        # long chunks: the transposed form is for a few rows only
+        best = dict.fromkeys([f for f in forms if rows <= MAX_ROWS or f != TRANSPOSED], float("inf"))
         if len(best) == 1:
             continue  # long chunks without a packed form: F.linear, nothing to time
         for _ in range(DECODE_REPEATS if rows <= 2 else REPEATS):  # interleaved: noise hits all alike
