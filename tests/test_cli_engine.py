@@ -62,9 +62,14 @@ def test_bench_engine_fields_and_invariants():
         "prefill_ms", "draft_ms", "verify_ms", "other_ms"}
     assert all(v >= 0.0 for d in split.values() for v in d.values())
     assert 0.0 <= out["acceptance_rate"] <= 1.0 and out["tokens_per_target_forward"] >= 1.0
-    sources = out["by_source"].values()  # the per-source counts make up the total's rate
+    # Per source: its own branch's counts. Branches of one token tree that start alike both
+    # count the shared kept tokens, and only the winner's count in the total, so the total's
+    # rate is at most the sources' summed one; with one source they are the same figure.
+    sources = out["by_source"].values()
     proposed, accepted = sum(s["proposed"] for s in sources), sum(s["accepted"] for s in sources)
-    assert abs((accepted / proposed if proposed else 0.0) - out["acceptance_rate"]) < 1e-3
+    assert 0 < out["acceptance_rate"] <= (accepted / proposed if proposed else 0.0) + 1e-3
+    if len(out["by_source"]) == 1:
+        assert abs(accepted / proposed - out["acceptance_rate"]) < 1e-3
     assert out["draft"] == engine.draft_name is not None and out["drafter"] == "auto"
     verify = out["verify_cost_by_k"]
     assert verify[0] == 1.0 and verify == sorted(verify) and len(verify) == 9

@@ -7,8 +7,9 @@ then verifies them. Two sources:
                 repeats itself (names, call patterns, boilerplate), so it is often right.
   ModelDrafter  the small draft model, with its own KV cache kept in step with the accepted
                 tokens and its own cross-request prefix cache.
-"Both" is not a third class: the engine asks the n-gram source first and the model when the
-n-gram source has nothing, each with its own adaptive K.
+"Both" is not a third class: the engine asks the sources in turn, each with its own adaptive K;
+greedy steps verify every proposal at once as a token tree, sampling steps the first one
+(speculative.py).
 """
 
 from __future__ import annotations

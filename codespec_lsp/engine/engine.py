@@ -145,7 +145,8 @@ class Engine:
             return [self.ngram, self.short_ngram]
         if choice == "model":
             return [self.model_drafter]
-        # "auto"/"combined": free long lookup first, the model, then the short lookup
+        # "auto"/"combined": free long lookup first, the model, then the short lookup (the order
+        # branches take in a token tree, and the order sampling asks them in)
         return [self.ngram, self.model_drafter, self.short_ngram]
 
     supports_heal = True  # generate() applies a healing `constraint`, so complete.py may back up
@@ -389,14 +390,17 @@ class _Run:
         if ends:
             new, result.stop_reason = new[:ends[0] + 1], "eos"
         new = new[:self.opts.max_new_tokens - new_count]
-        if out.source is not None:
-            engine.controllers[out.source.name].record(out.proposed, out.kept, out.draft_s,
-                                                       len(new), out.draft_s + out.verify_s)
-            kept = min(out.kept, len(new))  # drafts after an end token don't count
-            result.proposed += out.proposed
-            result.accepted += kept
-            counts = result.by_source.setdefault(out.source.name, [0, 0])
-            counts[0], counts[1] = counts[0] + out.proposed, counts[1] + kept
+        for i, branch in enumerate(out.branches):
+            # Acceptance from its own branch; the realised rate from the whole step, which its
+            # branch joined (judged by its own branch alone, paying for the other's rows, the
+            # EAGLE head read as slower than the target and was switched off where it added most).
+            engine.controllers[branch.source.name].record(len(branch.tokens), branch.kept, branch.draft_s,
+                                                          len(new), out.draft_s + out.verify_s)
+            kept = min(branch.kept, len(new))  # drafts after an end token don't count
+            result.proposed += len(branch.tokens)
+            result.accepted += kept if i == out.winner else 0
+            counts = result.by_source.setdefault(branch.source.name, [0, 0])
+            counts[0], counts[1] = counts[0] + len(branch.tokens), counts[1] + kept
         self.seq.extend(new)
         if self.opts.constraint is not None:
             self.opts.constraint.accept(new)

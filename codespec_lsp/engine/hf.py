@@ -129,6 +129,40 @@ def copy_head(model: PreTrainedModel, cache: DynamicCache, length: int) -> Dynam
     return head
 
 
+@torch.inference_mode()
+def keep_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
+    """Keep the first `start` positions, then the positions `rows` (each past `start`), in order:
+    the accepted branch of a token tree moved down to follow the prefix."""
+    for layer in cache.layers:
+        index = torch.tensor(rows, device=layer.keys.device)
+        for held in (layer.keys, layer.values):
+            held[..., start:start + len(rows), :] = held.index_select(-2, index)
+    crop(cache, start + len(rows))
+
+
+def takes_trees(model: PreTrainedModel) -> bool:
+    """Whether the model's attention reads a custom boolean 4D mask (tree_inputs): SDPA does;
+    eager attention adds the mask as floats, and flash kernels take none."""
+    return getattr(model.config, "_attn_implementation", None) in ("sdpa", CPU_ATTENTION)
+
+
+def tree_inputs(held: int, fed: int, parents: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attention mask [1, 1, fed, held + fed], True where a row may look; position ids [1, fed])
+    for `fed` ids after `held` cached ones, the last len(parents) of them a token tree: a node
+    sees the cache, the chain before the tree and its own ancestors, at position = its depth."""
+    chain = fed - len(parents)
+    mask = torch.ones(fed, held + fed, dtype=torch.bool, device=device).tril(held)
+    depth = list(range(held, held + chain))
+    for i, parent in enumerate(parents):
+        row = chain + i
+        mask[row, held + chain:] = False
+        if parent >= 0:
+            mask[row, held + chain:held + row] = mask[chain + parent, held + chain:held + row]
+        mask[row, held + row] = True
+        depth.append((depth[chain + parent] if parent >= 0 else held + chain - 1) + 1)
+    return mask[None, None], torch.tensor([depth], device=device)
+
+
 def crop_layers(cache: DynamicCache, length: int) -> None:
     """Crop every layer on its own: after a forward stopped between layers, the layers that ran
     hold more positions than those that did not."""
@@ -164,27 +198,34 @@ def cache_nbytes(cache: DynamicCache) -> int:
 
 
 @torch.inference_mode()
-def forward(model: PreTrainedModel, ids: list[int], cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
+def forward(model: PreTrainedModel, ids: list[int], cache: DynamicCache, last_only: bool = False,
+            tree: list[int] | None = None) -> torch.Tensor:
     """Run `ids` after what `cache` holds; the cache grows by len(ids). Returns fp32 logits
     [len(ids), V], or [1, V] for the last id only with `last_only` (a prefill chunk, whose logits
     nobody reads: on smol the LM head is a fifth of the weights, a tenth of a chunk's work)."""
-    return forward_with_states(model, ids, cache, states=False, last_only=last_only)[0]
+    return forward_with_states(model, ids, cache, states=False, last_only=last_only, tree=tree)[0]
 
 
 @torch.inference_mode()
 def forward_with_states(model: PreTrainedModel, ids: list[int], cache: DynamicCache,
-                        states: bool = True, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        states: bool = True, last_only: bool = False,
+                        tree: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """forward, and with `states` also the final hidden states [len(ids), H] the LM head reads
-    (after the final norm): what an EAGLE draft head (engine/eagle.py) drafts from."""
+    (after the final norm): what an EAGLE draft head (engine/eagle.py) drafts from. `tree`: the
+    parents of the last ids, a token tree (tree_inputs)."""
     device = model.device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)
     before = cache_len(cache)
+    extra = {}
+    if tree is not None:
+        mask, positions = tree_inputs(before, len(ids), tree, device)
+        extra = {"attention_mask": mask, "position_ids": positions}
     try:
         if not states:
             out = model(input_ids=input_ids, past_key_values=cache, use_cache=True,
-                        logits_to_keep=1 if last_only else 0)  # 0: every row
+                        logits_to_keep=1 if last_only else 0, **extra)  # 0: every row
             return out.logits[0].float(), None
-        hidden = model.model(input_ids=input_ids, past_key_values=cache, use_cache=True).last_hidden_state
+        hidden = model.model(input_ids=input_ids, past_key_values=cache, use_cache=True, **extra).last_hidden_state
     except ForwardCancelled:
         crop_layers(cache, before)  # the cache is as if this forward never started
         raise

@@ -63,15 +63,18 @@ class KV:
             return None
         return self._states[:len(self.ids)]
 
-    def extend(self, ids: list[int], last_only: bool = False) -> torch.Tensor:
+    def extend(self, ids: list[int], last_only: bool = False, parents: list[int] | None = None) -> torch.Tensor:
         """Run `ids` after what is held; returns their logits [len(ids), V] ([1, V], the last
         id's, with `last_only`). A forward cancelled between layers is rolled back whole
-        (hf.forward), so `ids` stay as they were."""
+        (hf.forward), so `ids` stay as they were. `parents`: the last len(parents) ids are a token
+        tree (speculative.token_tree; -1: the id before them), each attending to its ancestors
+        only; `keep` then picks the branch that stays."""
+        tree = parents if parents and parents != list(range(-1, len(parents) - 1)) else None
         if not self.keep_states:
-            logits = hf.forward(self.model, ids, self.cache, last_only)
+            logits = hf.forward(self.model, ids, self.cache, last_only, tree=tree)
             self.ids.extend(ids)
             return logits
-        logits, states = hf.forward_with_states(self.model, ids, self.cache, last_only=last_only)
+        logits, states = hf.forward_with_states(self.model, ids, self.cache, last_only=last_only, tree=tree)
         held, end = len(self.ids), len(self.ids) + len(ids)
         if self._states is None or len(self._states) < held:
             self._states = None if held else states.new_empty((0, states.shape[-1]))
@@ -83,6 +86,22 @@ class KV:
             self._states[held:end] = states
         self.ids.extend(ids)
         return logits
+
+    @property
+    def takes_trees(self) -> bool:
+        return hf.takes_trees(self.model)
+
+    def keep(self, start: int, rows: list[int]) -> None:
+        """Keep the first `start` positions, then the positions `rows` (later ones, in order): the
+        accepted branch of a token tree. A plain chain's is a crop."""
+        if rows == list(range(start, start + len(rows))):
+            self.crop(start + len(rows))
+            return
+        hf.keep_rows(self.cache, start, rows)
+        if self.hidden is not None:
+            with torch.inference_mode():  # the states are inference tensors (hf.forward_with_states)
+                self._states[start:start + len(rows)] = self._states[rows]
+        self.ids[start:] = [self.ids[r] for r in rows]
 
     def prefill(self, ids: list[int], chunk: int, cancelled: Callable[[], bool] = lambda: False) -> bool:
         """Extend by `ids` in chunks, checking `cancelled` between them; chunks run stay. False if cancelled."""
