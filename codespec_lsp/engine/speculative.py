@@ -17,9 +17,9 @@ Greedy steps verify a token tree (SpecInfer, Miao et al. 2024; Medusa's and EAGL
 chains of every source that proposed (the n-gram lookup's and the EAGLE head's disagree on the
 first token at most steps where the lookup is wrong), merged where they start alike, in one
 forward under a tree mask. Each branch is a chain verified as above; the longest kept one wins, so
-the output is still the target's greedy output. Why: on unseen code the lookup's first token was
-wrong at 70 % of the steps it drafted, and the head's chain would have kept 0.36 tokens more a
-step there (benchmarks/unseen_tune, 8 points); a CPU verify costs about the same for 3-8 rows.
+the output is still the target's greedy output. Why (docs/draft.md, section (e)): on unseen code
+the lookup's first token was wrong at two thirds of the steps it drafted, and the head's chain
+would have kept about 0.3 tokens a step more; a CPU verify costs about the same for 3-8 rows.
 """
 
 from __future__ import annotations
