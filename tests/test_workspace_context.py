@@ -354,3 +354,22 @@ def test_usages_detail_adds_how_the_open_documents_call_a_name(tmp_path):
     plain = build(ContextBuilder(CountingTokenizer(), 1200, workspace_context=True), pkg,
                   others=others)
     assert "# e.g." not in plain.text
+
+
+def test_near_placement_puts_the_context_before_the_statement_being_written(tmp_path):
+    """context_place="near": the definitions go right above the top-level statement (with its
+    decorators and comments) the cursor is in, fixed at the cut; each keystroke extends the prompt."""
+    pkg = package(tmp_path)
+    src = MAIN.replace("\n\ndef run(path):", "\n\ndef other():\n    return 1\n\n\n# runs it\n@trace\ndef run(path):")
+    b = ContextBuilder(CountingTokenizer(), 400, workspace_context=True, context_place="near")
+    first = build(b, pkg, src)
+    before, _, after = first.text.partition("# app/models.py\n")
+    assert before == src[:src.index("# runs it")]      # the file above the statement, unchanged
+    assert after.endswith(src[src.index("# runs it"):])  # then the statement being written
+    assert "def load_config(path: str) -> Config:" in after and first.prefix == src
+    for ch in "load_config(path)":
+        src += ch
+        p = build(b, pkg, src)
+        assert p.text.startswith(first.text) and p.text.endswith(src[-20:])
+    top = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg, src)
+    assert top.text.startswith("# app/models.py\n") and sorted(top.text) == sorted(p.text)

@@ -36,6 +36,9 @@ CANDIDATES = {
     "signatures_0.25_comment": {"workspace_context": True, "context_detail": "signatures",
                                 "context_form": "comment"},
     "usages_0.25_code": {"workspace_context": True, "context_detail": "usages"},
+    # The definitions right before the top-level statement being written, not before the file.
+    "signatures_0.25_near": {"workspace_context": True, "context_detail": "signatures",
+                             "context_place": "near"},
 }
 
 

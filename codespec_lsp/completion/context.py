@@ -56,6 +56,7 @@ class _CutState:
     cut: int
     context: str = ""       # workspace definitions, chosen with the cut
     context_tokens: int = 0
+    at: int = 0             # document offset the context goes before (context_place), >= cut
 
 
 def fim_prompt(fim_tokens: tuple[str, str, str], prefix: str, suffix: str) -> str:
@@ -88,6 +89,8 @@ class ContextBuilder:
     context_share: float = CONTEXT_SHARE
     context_detail: str = "signatures"  # signature, first docstring line; "members" adds a class's
     context_form: str = "code"          # as code under a path comment; "comment": every line one
+    context_place: str = "top"          # before the prefix; "near": before the top-level
+                                        # statement the cursor is in (fixed at the cut)
     _state: dict[str, _CutState] = field(default_factory=dict)
     _workspace: WorkspaceSource = field(default_factory=WorkspaceSource)
 
@@ -106,19 +109,21 @@ class ContextBuilder:
             return max(self.budget - suffix_budget - context_tokens, 16)
 
         state = self._state.get(key)
-        if state is None or not self._keep(state.cut, source, offset,
-                                           prefix_budget(state.context_tokens)):
+        if state is None or state.at > offset or not self._keep(state.cut, source, offset,
+                                                                prefix_budget(state.context_tokens)):
             context = self._context(key, source, offset, others, roots) if self.workspace_context else ""
             n = self.count_tokens(context) if context else 0
             cut = self._recut(source, offset, prefix_budget(n))
-            state = self._state[key] = _CutState(cut, context, n)
+            at = max(cut, _statement_start(source, offset)) if self.context_place == "near" else cut
+            state = self._state[key] = _CutState(cut, context, n, at)
         prefix = source[state.cut:offset]
+        shown = source[state.cut:state.at] + state.context + source[state.at:offset]
 
         if self.fim_tokens:
             suffix = self._fit_suffix(suffix_full, suffix_budget)
-            text = fim_prompt(self.fim_tokens, state.context + prefix, suffix)
+            text = fim_prompt(self.fim_tokens, shown, suffix)
         else:
-            text = state.context + prefix
+            text = shown
         lookup = "\n".join(t[:LOOKUP_CHARS] for _, t in others)[:LOOKUP_CHARS]
         return Prompt(text=text, prefix=prefix, suffix=suffix_full, fim=bool(self.fim_tokens),
                       cut=state.cut, lookup_text=suffix_full + "\n" + lookup)
@@ -220,6 +225,24 @@ def _usages(name: str, others: Sequence[tuple[str, str]], shown: str, limit: int
                 if len(out) >= limit:
                     return out
     return out
+
+
+_TOP_LEVEL = re.compile(r"^(?![\s#)\]}])", re.M)  # a line that starts a top-level statement
+
+
+def _statement_start(source: str, offset: int) -> int:
+    """The start of the top-level statement the cursor is in (its decorators and the comment lines
+    right above it included); 0 when there is none."""
+    start = 0
+    for m in _TOP_LEVEL.finditer(source, 0, offset):
+        if m.start() < len(source) and source[m.start()] != "\n":
+            start = m.start()
+    while start > 0:
+        above = source.rfind("\n", 0, start - 1) + 1
+        if not source.startswith(("@", "#"), above):
+            break
+        start = above
+    return start
 
 
 def _last_use(source: str, offset: int, name: str) -> int:
