@@ -91,6 +91,30 @@ def test_the_head_drafts_at_the_first_step_over_the_prompt_tail_the_target_has_n
     assert torch.allclose(drafter.cache.layers[0].keys, fresh.layers[0].keys, atol=1e-4)
 
 
+def test_greedy_proposals_carry_the_heads_runner_up_and_count_once_per_source(parts, head):
+    """The head's second choice for the first token is a branch of the step's tree: a greedy
+    proposal names it, a sampled one does not, and the step's counts take the head once."""
+    from codespec_lsp.engine.drafters import Sampling
+    from codespec_lsp.engine.eagle import RUNNERS_UP, EagleDrafter
+    from codespec_lsp.engine.engine import _by_source
+    from codespec_lsp.engine.speculative import step
+    _, target, _ = parts
+    ids = torch.randint(3, 500, (30,)).tolist()
+    kv = KV(target, keep_states=True)
+    kv.extend(ids[:-1])
+    drafter = EagleDrafter(head, target.config.vocab_size)
+    drafter.begin("doc", ids, [], (), kv)
+    proposal = drafter.propose(ids, 2, None, None)
+    state = drafter.catch_up(ids)
+    ranked = head.head_ids[head.logits(state).float().topk(1 + RUNNERS_UP).indices].tolist()
+    assert proposal.tokens[0] == ranked[0] and proposal.runners_up == ranked[1:]
+    assert drafter.propose(ids, 2, Sampling(1.0, 1.0), None).runners_up == []
+    out = step(kv, ids, [(drafter, 2)], None, target.config.vocab_size)
+    assert [b.tokens for b in out.branches] == [proposal.tokens] + [[t] for t in ranked[1:]]
+    proposed, kept, _, won = _by_source(out)["eagle"]
+    assert proposed == 2 + RUNNERS_UP and kept == out.kept and won is (out.winner is not None)
+
+
 def test_a_prefill_brings_the_heads_cache_up_to_the_prompt(parts, head):
     """Opening a file (engine.prefill) catches the head up too: the first completion there drafts
     after a few entries, not after a catch-up over the whole file."""

@@ -14,7 +14,7 @@ greedy steps verify every proposal at once as a token tree, sampling steps the f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -37,6 +37,8 @@ class Sampling:
 class Proposal:
     tokens: list[int]
     probs: torch.Tensor | None  # [len(tokens), V] what they were drawn from; None: deterministic
+    # greedy only: the drafter's runner-up first tokens, each a one-token branch of the step's tree
+    runners_up: list[int] = field(default_factory=list)
 
 
 class Drafter(Protocol):

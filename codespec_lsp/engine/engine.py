@@ -284,6 +284,17 @@ class Engine:
         self.verify_times.record(n, seconds)
 
 
+def _by_source(out) -> dict[str, tuple[int, int, float, bool]]:
+    """Per source in a step: (tokens proposed, most kept by one of its branches, seconds drafting,
+    whether it won). A source may have several branches (the EAGLE head's runner-up)."""
+    tally: dict[str, tuple[int, int, float, bool]] = {}
+    for i, branch in enumerate(out.branches):
+        proposed, kept, draft_s, won = tally.get(branch.source.name, (0, 0, 0.0, False))
+        tally[branch.source.name] = (proposed + len(branch.tokens), max(kept, branch.kept),
+                                     draft_s + branch.draft_s, won or i == out.winner)
+    return tally
+
+
 class _Run:
     """One generation: its sequence, counts, and the target KV it holds. `steps()` is the generator
     behind the Generation, so nothing (the cut, the cache acquire) happens before the first next();
@@ -390,17 +401,16 @@ class _Run:
         if ends:
             new, result.stop_reason = new[:ends[0] + 1], "eos"
         new = new[:self.opts.max_new_tokens - new_count]
-        for i, branch in enumerate(out.branches):
-            # Acceptance from its own branch; the realised rate from the whole step, which its
+        for name, (proposed, kept, draft_s, won) in _by_source(out).items():
+            # Acceptance from its own branches; the realised rate from the whole step, which its
             # branch joined (judged by its own branch alone, paying for the other's rows, the
             # EAGLE head read as slower than the target and was switched off where it added most).
-            engine.controllers[branch.source.name].record(len(branch.tokens), branch.kept, branch.draft_s,
-                                                          len(new), out.draft_s + out.verify_s)
-            kept = min(branch.kept, len(new))  # drafts after an end token don't count
-            result.proposed += len(branch.tokens)
-            result.accepted += kept if i == out.winner else 0
-            counts = result.by_source.setdefault(branch.source.name, [0, 0])
-            counts[0], counts[1] = counts[0] + len(branch.tokens), counts[1] + kept
+            engine.controllers[name].record(proposed, kept, draft_s, len(new), out.draft_s + out.verify_s)
+            kept = min(kept, len(new))  # drafts after an end token don't count
+            result.proposed += proposed
+            result.accepted += kept if won else 0
+            counts = result.by_source.setdefault(name, [0, 0])
+            counts[0], counts[1] = counts[0] + proposed, counts[1] + kept
         self.seq.extend(new)
         if self.opts.constraint is not None:
             self.opts.constraint.accept(new)

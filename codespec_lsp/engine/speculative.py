@@ -151,6 +151,7 @@ def _propose(drafts: list, seq: list[int], sampling, cancel, tree: bool) -> list
             branches.append(Branch(drafter, proposal.tokens, proposal.probs, time.perf_counter() - t0))
             if sampling is not None or not tree:
                 break
+            branches += [Branch(drafter, [token], None, 0.0) for token in proposal.runners_up]
     return branches
 
 
