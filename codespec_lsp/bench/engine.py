@@ -5,7 +5,9 @@ What each field means (the README quotes these):
                                 point, both on the server's path (served(): token healing, the
                                 lean to the document's names and the copy prior at the model's
                                 measured weights, as the server runs it)
-  acceptance_rate               drafted tokens the target kept / drafted tokens
+  acceptance_rate               drafted tokens the target kept / drafted tokens (every branch of
+                                a step's token tree counts as drafted; only the winner's as kept)
+  by_source                     per draft source: its proposed and kept tokens (its own branches)
   tokens_per_target_forward     new tokens / target verify forwards, speculative runs
   speedup                       target-only decode wall / speculative decode wall, same points,
                                 both with the prompt already in the KV cache, order alternated,
