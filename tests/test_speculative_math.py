@@ -230,3 +230,15 @@ def test_a_verify_length_measured_dear_is_measured_again_later():
     for _ in range(adaptive.STALE):  # K stays under 2 all this while: no new 3-token forward
         times.record(1, 0.010)
     assert times.costs()[2] == pytest.approx(1.1)  # assumed cheap again, so K tries it
+
+
+def test_a_branch_joining_a_tree_is_planned_on_the_rows_it_adds():
+    from codespec_lsp.engine.engine import marginal_costs
+    costs = [1.0, 1.05, 1.38, 1.43, 1.43, 1.43, 1.49, 1.5, 1.55]
+    assert marginal_costs(costs, 0) == costs  # alone: the whole forward
+    after_three = marginal_costs(costs, 3)    # a chain of 3 drafted already: 4 tokens fed
+    assert after_three[0] == 1.0 and after_three[1:6] == pytest.approx([1.0, 1.0, 1.06, 1.07, 1.12])
+    assert after_three[6:] == [float("inf")] * 3  # past K_MAX rows in all: not draftable
+    # at the head's acceptance on unseen code, alone it drafts one token; joining, several
+    assert best_k(0.35, 0.03, 8, costs)[0] == 1
+    assert best_k(0.35, 0.03, 8, after_three)[0] >= 2
