@@ -137,10 +137,10 @@ def token_tree(chains: list[list[int]], room: int) -> tuple[list[int], list[int]
 
 
 def _propose(drafts: list, seq: list[int], sampling, cancel, tree: bool) -> list[Branch]:
-    """Ask each source with K > 0 in turn (K an int, or a function of the tree rows so far). Greedy, with `tree`: every source that proposes gives
-    a branch (module docstring). Sampling: the first that proposes, since the rejection rule that
-    keeps the target's distribution is for one chain; so too for a model whose attention takes
-    no tree mask."""
+    """Ask each source with K > 0 in turn (K an int, or a function of the tree rows drafted so
+    far). Greedy, with `tree`: every source that proposes gives a branch (module docstring).
+    Sampling: the first that proposes, since the rejection rule that keeps the target's
+    distribution is for one chain; so too for a model whose attention takes no tree mask."""
     branches = []
     for drafter, k in drafts:
         if callable(k):  # K given the rows the branches before it drafted (engine._plan)
