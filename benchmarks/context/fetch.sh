@@ -5,11 +5,11 @@ set -euo pipefail
 dest="${1:-/work/ctxdata/dl}"
 mkdir -p "$dest"
 cd "$dest"
-for pkg in gepa==0.1.4 claude-agent-sdk==0.2.189 deepagents==0.7.32; do
+for pkg in gepa==0.1.4 claude-agent-sdk==0.2.189 deepagents==0.7.32 strands-agents==1.62.0; do
   python -m pip download -q --no-deps --no-binary :all: "$pkg" -d .
 done
-for f in gepa-0.1.4.tar.gz claude_agent_sdk-0.2.189.tar.gz deepagents-0.7.32.tar.gz; do
+for f in gepa-0.1.4.tar.gz claude_agent_sdk-0.2.189.tar.gz deepagents-0.7.32.tar.gz strands_agents-1.62.0.tar.gz; do
   tar xzf "$f"
 done
 echo "tune:  $dest/gepa-0.1.4/src  $dest/claude_agent_sdk-0.2.189/src"
-echo "check: $dest/deepagents-0.7.32"
+echo "check: $dest/deepagents-0.7.32  $dest/strands_agents-1.62.0/src"
