@@ -158,12 +158,12 @@ def _propose(drafts: list, seq: list[int], sampling, cancel, tree: bool) -> list
 
 
 def step(target, seq: list[int], drafts: list, sampling, vocab: int, cancel=None, heal=None,
-         copy=None, room: int = K_MAX) -> Step:
+         copy=None) -> Step:
     """One speculative step: draft, verify every branch in one target forward, accept, crop.
 
     target: a KV holding a prefix of seq (what it lacks, at most a few prompt tokens at the first
     step, is fed in the same forward as the drafts). drafts: (drafter, K) pairs (see _propose);
-    `room`: the most drafted tokens one forward verifies. Returns the new tokens: the longest
+    one forward verifies at most K_MAX drafted tokens. Returns the new tokens: the longest
     accepted draft prefix over the branches, then one token from the target (its correction, or
     the bonus token when every draft was kept). heal (heal.Heal) and copy (copy_prior.CopyPrior)
     are part of the target's scores: each branch is verified against the scores they give it, as
@@ -171,7 +171,7 @@ def step(target, seq: list[int], drafts: list, sampling, vocab: int, cancel=None
     """
     t0 = time.perf_counter()
     proposed = _propose(drafts, seq, sampling, cancel, target.takes_trees)
-    nodes, parents, paths = token_tree([b.tokens for b in proposed], room)
+    nodes, parents, paths = token_tree([b.tokens for b in proposed], K_MAX)
     branches = [b for b, path in zip(proposed, paths) if path]        # what the room limit left
     paths = [path for path in paths if path]
     for branch, path in zip(branches, paths):
