@@ -65,3 +65,23 @@ def test_whole_words_drops_a_word_the_next_token_may_extend():
     assert whole_words("elif x is") == "elif x "  # `is` may become `isinstance`
     assert whole_words("my_if") == ""
     assert whole_words("self.return") == "self."  # an attribute: `self.returns`
+
+
+def test_lookup_ids_tokenizes_a_lookup_text_once_and_hands_out_copies():
+    """The lookup text is the same at every keystroke in a line: the ids come from the first
+    encode, and a caller changing its list cannot change what the next request gets."""
+    from codespec_lsp.completion.complete import lookup_ids
+
+    class Counting:
+        calls: list[str] = []
+
+        def encode(self, text: str) -> list[int]:
+            self.calls.append(text)
+            return [ord(c) for c in text]
+
+    backend = Counting()
+    first = lookup_ids(backend, "x = 1")
+    first.append(0)
+    assert lookup_ids(backend, "x = 1") == [ord(c) for c in "x = 1"]
+    assert lookup_ids(backend, "y") == [ord("y")]
+    assert backend.calls == ["x = 1", "y"]

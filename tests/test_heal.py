@@ -281,6 +281,22 @@ def test_allowed_masks_are_computed_once_per_vocabulary_not_per_request():
     assert Heal(vocab, "a ").allowed(" ").tolist() == [False, True, True, False]  # mid-line: any
 
 
+def test_allowed_mask_equals_a_pass_over_the_whole_vocabulary(parts):
+    """The mask reads a sorted range and the rest's prefixes; every id it leaves out must be one
+    the rule (advance, then a re-typeable rest) rejects, on a real vocabulary and typed text."""
+    from codespec_lsp.completion.heal import advance
+    tok = parts[0]
+    engine = make_engine(parts[1], None, tok, drafter="ngram")
+    vocab = HealVocab(engine.token_texts)
+    source = "def walk(self, node):\n        for child in node.children:\n    retu  x = café_1 \t"
+    rests = {source[a:b] for a in range(len(source)) for b in range(a + 1, min(a + 9, len(source) + 1))}
+    for rest in sorted(rests):
+        for indent in (False, True):
+            longest = vocab.longest_prefix(rest)
+            whole = [vocab._leads_on(advance(rest, t, indent, longest), indent) for t in vocab.texts]
+            assert vocab.allowed(rest, indent).tolist() == whole, (rest, indent)
+
+
 def test_allowed_masks_are_copied_to_the_logits_device_once(monkeypatch):
     """On a GPU the mask is applied to logits there: the copy is kept too, and made from the kept
     CPU mask, not by another pass over the vocabulary ("meta" stands in for a GPU here)."""

@@ -11,8 +11,12 @@ import json
 import re
 import sys
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+from cachetools import LRUCache
 
 from codespec_lsp.completion.context import ContextBuilder
 from codespec_lsp.engine.api import CancelToken, GenerationResult
@@ -196,6 +200,21 @@ def scoring_of(backend, exact: bool = False, **settings: float | None) -> Scorin
     return dataclasses.replace(measured, **chosen)
 
 
+# The lookup text (the text after the cursor, then up to 200,000 characters of the other open
+# documents) is the same at every keystroke in a line: tokenizing it again cost 20-30 ms each.
+_LOOKUP_IDS: "weakref.WeakKeyDictionary[Any, LRUCache]" = weakref.WeakKeyDictionary()
+
+
+def lookup_ids(backend: Any, text: str) -> list[int]:
+    """backend.encode(text), kept per backend for the few lookup texts in use."""
+    kept = _LOOKUP_IDS.get(backend)
+    if kept is None:
+        kept = _LOOKUP_IDS[backend] = LRUCache(maxsize=4)
+    if text not in kept:
+        kept[text] = backend.encode(text)
+    return list(kept[text])
+
+
 def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset: int, *,
                 max_tokens: int, cancel: CancelToken | None = None, speculative: bool = True,
                 others: Sequence[tuple[str, str]] = (), roots: Sequence[str] = (),
@@ -220,7 +239,7 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     line_prefix, line_suffix, prev_line = split_line(source, offset)
     mode = decide_mode(line_prefix, line_suffix, prev_line)
     ids, heal = prompt_ids(backend, prompt.text)
-    lookup = backend.encode(prompt.lookup_text) if prompt.lookup_text else []
+    lookup = lookup_ids(backend, prompt.lookup_text) if prompt.lookup_text else []
     gen = backend.generate(ids, max_new_tokens=max_tokens, cancel=cancel, speculative=speculative,
                            key=key, lookup_ids=lookup,
                            constraint=healing(backend, heal, document_words(source, offset, heal)
