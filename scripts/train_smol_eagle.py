@@ -5,14 +5,24 @@ the target's last hidden state and the next token and predicts the target's next
     python scripts/train_smol_eagle.py train --data /tmp/eagle_data.pt --minutes 40 \
         --save codespec_lsp/models/smol_eagle --json benchmarks/results/smol_eagle_train_cpu.json
 
-Data (stated, reproducible for a given Python and the versions pinned in pyproject.toml): the .py
-files of the Python standard library (no tests, no lib2to3: it is `benchmarks/heldout`) and of
-these installed packages: transformers, huggingface_hub, pydantic, httpx, rich, typer, pygls,
-lsprotocol, anyio, cattrs, click, jinja2, requests, numpy. Files are read in sorted order, cut into
-512-token windows after a BOS, and the windows shuffled with seed 0; `collect` runs the target
-over as many as its time allows and keeps, per position, the target's final hidden state (fp16)
-and its greedy next token. benchmarks/unseen_tune is the held-out measure (`train` reports the
-head's agreement there); benchmarks/unseen_check is never read.
+The shipped head took three collections and three training runs (the exact commands are in
+benchmarks/results/smol_eagle_train_cpu.json, "commands"): two on the first data set below, then
+one continuing from that head on the second.
+
+Data (stated, reproducible for a given Python and the versions pinned in pyproject.toml). First
+set (the `collect` defaults): the .py files of the Python standard library (no tests, no lib2to3:
+it is `benchmarks/heldout`) and of these installed packages: transformers, huggingface_hub,
+pydantic, httpx, rich, typer, pygls, lsprotocol, anyio, cattrs, click, jinja2, requests, numpy.
+Second set (`--no-stdlib --packages _pytest,hypothesis,accelerate,websockets --dirs ...`): those
+installed packages and the sources of three packages released after the target was trained,
+fetched as sdists (`pip download --no-deps --no-binary :all: openai-agents==0.24.0
+claude-agent-sdk==0.2.189 gepa==0.1.4`, unpacked): openai_agents src/ and examples/,
+claude_agent_sdk src/ and examples/, gepa src/. Their tests are skipped everywhere.
+Files are read in sorted order, cut into 512-token windows after a BOS, and the windows shuffled
+with seed 0; `collect` runs the target over as many as its time allows and keeps, per position,
+the target's final hidden state (fp16) and its greedy next token. benchmarks/unseen_tune is the
+held-out measure (`train` reports the head's agreement there); benchmarks/unseen_check is never
+read.
 """
 
 from __future__ import annotations
@@ -37,13 +47,18 @@ EVAL = "benchmarks/unseen_tune"
 WINDOW = 512
 
 
-def training_files() -> list[Path]:
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
+def training_files(packages: tuple[str, ...] = PACKAGES, dirs: tuple[str, ...] = (),
+                   stdlib: bool = True) -> list[Path]:
+    skip = {"test", "tests", "lib2to3", "idlelib", "site-packages", "__pycache__", "ensurepip"}
+    files = []
+    if stdlib:
+        lib = Path(sysconfig.get_paths()["stdlib"])
+        files += [p for p in lib.rglob("*.py") if not set(p.relative_to(lib).parts) & skip]
     site = Path(sysconfig.get_paths()["purelib"])
-    skip = ("test", "tests", "lib2to3", "idlelib", "site-packages", "__pycache__", "ensurepip")
-    files = [p for p in stdlib.rglob("*.py") if not set(p.relative_to(stdlib).parts) & set(skip)]
-    for name in PACKAGES:
+    for name in packages:
         files += [p for p in (site / name).rglob("*.py") if "tests" not in p.parts]
+    for folder in map(Path, dirs):
+        files += [p for p in folder.rglob("*.py") if not set(p.relative_to(folder).parts) & skip]
     return sorted(files)
 
 
@@ -71,7 +86,9 @@ def collect(args) -> None:
     folder = fetch.preset_dir("smol")
     tokenizer, model = load_tokenizer(str(folder)), load_model(str(folder), device="cpu", dtype=torch.float32)
     model.eval()
-    wins = [w for w in windows_of(tokenizer, training_files()) if len(w) == WINDOW]
+    files = training_files(tuple(args.packages.split(",")) if args.packages else (),
+                           tuple(args.dirs.split(",")) if args.dirs else (), not args.no_stdlib)
+    wins = [w for w in windows_of(tokenizer, files) if len(w) == WINDOW]
     random.Random(0).shuffle(wins)
     wins = wins[args.skip:]  # a second run continues where an earlier one stopped
     print(f"{len(wins)} windows of {WINDOW} tokens available", flush=True)
@@ -89,7 +106,10 @@ def collect(args) -> None:
         if spent > args.minutes * 60:
             break
     data = {"ids": torch.cat(ids), "features": torch.cat(feats), "labels": torch.cat(labels),
-            "seconds": time.perf_counter() - started, "window": WINDOW, "files": len(training_files())}
+            "seconds": time.perf_counter() - started, "window": WINDOW, "files": len(files),
+            "sources": (["python stdlib " + sysconfig.get_python_version()] if not args.no_stdlib else [])
+            + (args.packages.split(",") if args.packages else [])
+            + ["/".join(Path(d).parts[-2:]) for d in args.dirs.split(",") if args.dirs]}
     torch.save(data, args.out)
     print(f"saved {len(data['ids'])} windows ({data['ids'].numel()} tokens) to {args.out}")
 
@@ -124,7 +144,10 @@ def train(args) -> None:
     tokenizer, target = load_tokenizer(str(folder)), load_model(str(folder), device="cpu", dtype=torch.float32)
     parts = [torch.load(path) for path in args.data.split(",")]
     data = {k: torch.cat([p[k] for p in parts]) for k in ("ids", "features", "labels")}
-    data.update(seconds=sum(p["seconds"] for p in parts), window=parts[0]["window"], files=parts[0]["files"])
+    default = ["python stdlib " + sysconfig.get_python_version(), *PACKAGES]  # collections that predate "sources"
+    data.update(seconds=sum(p["seconds"] for p in parts), window=parts[0]["window"],
+                files=[p["files"] for p in parts],  # per collection: two may read the same files
+                sources=sorted({s for p in parts for s in p.get("sources", default)}))
     counts = Counter(data["labels"].flatten().tolist())
     head_ids = torch.tensor(sorted(t for t, _ in counts.most_common(args.head)))
     coverage = sum(c for t, c in counts.most_common(args.head)) / data["labels"].numel()
@@ -188,7 +211,7 @@ def train(args) -> None:
         Path(args.json).write_text(json.dumps({
             "data": {"windows": n, "tokens": int(data["ids"].numel()), "window": data["window"],
                      "collect_seconds": round(data["seconds"]), "files": data["files"],
-                     "sources": ["python stdlib " + sysconfig.get_python_version()] + list(PACKAGES)},
+                     "sources": data["sources"]},
             "head": {"ids": args.head, "label_coverage": round(coverage, 4)},
             "train": {"init": args.init, "steps": step, "seconds": round(time.perf_counter() - started), "batch": args.batch,
                       "lr": args.lr, "noise": args.noise, "ce_weight": args.ce_weight,
@@ -207,6 +230,9 @@ def main() -> None:
     c.add_argument("--threads", type=int, default=2)
     c.add_argument("--out", default="/tmp/eagle_data.pt")
     c.add_argument("--skip", type=int, default=0, help="shuffled windows an earlier run took")
+    c.add_argument("--packages", default=",".join(PACKAGES), help="installed packages to read")
+    c.add_argument("--dirs", default="", help="source folders to read, comma-separated")
+    c.add_argument("--no-stdlib", action="store_true")
     t = sub.add_parser("train")
     t.add_argument("--data", default="/tmp/eagle_data.pt", help="one or more collect outputs, comma-separated")
     t.add_argument("--minutes", type=float, default=40)
