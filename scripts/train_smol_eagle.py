@@ -62,6 +62,12 @@ def training_files(packages: tuple[str, ...] = PACKAGES, dirs: tuple[str, ...] =
     return sorted(files)
 
 
+def sources_of(packages: tuple[str, ...], dirs: tuple[str, ...], stdlib: bool) -> list[str]:
+    """What training_files(packages, dirs, stdlib) reads, as a collection records it."""
+    return ((["python stdlib " + sysconfig.get_python_version()] if stdlib else []) + list(packages)
+            + ["/".join(Path(d).parts[-2:]) for d in dirs])
+
+
 def windows_of(tokenizer, files: list[Path], size: int = WINDOW) -> list[list[int]]:
     out = []
     for path in files:
@@ -86,8 +92,9 @@ def collect(args) -> None:
     folder = fetch.preset_dir("smol")
     tokenizer, model = load_tokenizer(str(folder)), load_model(str(folder), device="cpu", dtype=torch.float32)
     model.eval()
-    files = training_files(tuple(args.packages.split(",")) if args.packages else (),
-                           tuple(args.dirs.split(",")) if args.dirs else (), not args.no_stdlib)
+    chosen = (tuple(args.packages.split(",")) if args.packages else (),
+              tuple(args.dirs.split(",")) if args.dirs else (), not args.no_stdlib)
+    files = training_files(*chosen)
     wins = [w for w in windows_of(tokenizer, files) if len(w) == WINDOW]
     random.Random(0).shuffle(wins)
     wins = wins[args.skip:]  # a second run continues where an earlier one stopped
@@ -107,9 +114,7 @@ def collect(args) -> None:
             break
     data = {"ids": torch.cat(ids), "features": torch.cat(feats), "labels": torch.cat(labels),
             "seconds": time.perf_counter() - started, "window": WINDOW, "files": len(files),
-            "sources": (["python stdlib " + sysconfig.get_python_version()] if not args.no_stdlib else [])
-            + (args.packages.split(",") if args.packages else [])
-            + ["/".join(Path(d).parts[-2:]) for d in args.dirs.split(",") if args.dirs]}
+            "sources": sources_of(*chosen)}
     torch.save(data, args.out)
     print(f"saved {len(data['ids'])} windows ({data['ids'].numel()} tokens) to {args.out}")
 
@@ -144,7 +149,7 @@ def train(args) -> None:
     tokenizer, target = load_tokenizer(str(folder)), load_model(str(folder), device="cpu", dtype=torch.float32)
     parts = [torch.load(path) for path in args.data.split(",")]
     data = {k: torch.cat([p[k] for p in parts]) for k in ("ids", "features", "labels")}
-    default = ["python stdlib " + sysconfig.get_python_version(), *PACKAGES]  # collections that predate "sources"
+    default = sources_of(PACKAGES, (), True)  # collections that predate "sources" read the defaults
     data.update(seconds=sum(p["seconds"] for p in parts), window=parts[0]["window"],
                 files=[p["files"] for p in parts],  # per collection: two may read the same files
                 sources=sorted({s for p in parts for s in p.get("sources", default)}))

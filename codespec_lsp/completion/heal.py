@@ -124,14 +124,10 @@ class HealVocab:
             if advance(rest, self._sorted[at], indent) == "":
                 ids += self._ids_of[self._sorted[at]]
             at += 1
-        longest = self.longest_prefix(rest)
-        for n in range(1, len(rest)):
-            if rest[:n] in self._ids_of and self._leads_on(advance(rest, rest[:n], indent, longest), indent):
+        for n in self._partial_cuts(rest):  # what such a token leaves is rest[n:]
+            if self.retypeable(rest[n:], indent):
                 ids += self._ids_of[rest[:n]]
         return ids
-
-    def _leads_on(self, left: str | None, indent: bool) -> bool:
-        return left is not None and (not left or self.retypeable(left, indent))
 
     def retypeable(self, rest: str, indent: bool = False) -> bool:
         """Whether tokens the constraint allows can re-type all of `rest`. Not so for a character
