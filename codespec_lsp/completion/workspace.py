@@ -137,7 +137,7 @@ class GitIgnore:
 
 
 @dataclass
-class _Budget:
+class Budget:
     deadline: float
     disk_files: int = 0
 
@@ -153,6 +153,7 @@ class WorkspaceSource:
     roots: tuple[Path, ...] = ()
     _ignores: dict[Path, GitIgnore] = field(default_factory=dict)
     _parsed: dict[tuple, "_Module | None"] = field(default_factory=dict)
+    _texts: dict[tuple, str] = field(default_factory=dict)  # disk files read, by read()'s key
 
     def set_roots(self, roots: Iterable[str]) -> None:
         real = tuple(Path(os.path.realpath(p)) for r in roots if (p := to_path(r)) is not None)
@@ -179,37 +180,57 @@ class WorkspaceSource:
             folder = folder / rel[depth]
         return False
 
-    def module(self, path: Path, open_docs: dict[Path, str], budget: _Budget) -> "_Module | None":
+    def module(self, path: Path, open_docs: dict[Path, str], budget: Budget) -> "_Module | None":
+        found = self.read(path, open_docs, budget)
+        if found is None:
+            return None
+        key, text = found
+        if key not in self._parsed:
+            if len(self._parsed) > 256:
+                self._parsed.clear()
+            self._parsed[key] = _Module.parse(text)
+        return self._parsed[key]
+
+    def read(self, path: Path, open_docs: dict[Path, str], budget: Budget
+             ) -> tuple[tuple, str] | None:
+        """(a key that changes when the text does, the text) of an open document, else of a file
+        under the roots within the bounds (the module docstring's promises); None otherwise."""
         if path in open_docs:
             text = open_docs[path]
-            return self._parse(("open", path, hash(text)), text)
-        if budget.spent():
-            return None
-        root = self._root_of(path)
-        abs_path = Path(os.path.abspath(path))
-        if root is None or not abs_path.is_relative_to(root) or self._ignored(root, abs_path):
+            return ("open", path, hash(text)), text
+        if budget.spent() or not self.allowed(path):
             return None
         try:
             st = path.stat()
             if not path.is_file() or st.st_size > MAX_FILE_BYTES:
                 return None
             key = ("disk", path, st.st_mtime_ns, st.st_size)
-            if key in self._parsed:
-                return self._parsed[key]
+            if key in self._texts:
+                return key, self._texts[key]
             budget.disk_files += 1
             data = path.read_bytes()
         except OSError:
             return None
         if b"\0" in data[:8192]:
             return None  # binary
-        return self._parse(key, data.decode("utf-8", errors="replace"))
+        if len(self._texts) > 64:  # up to 32 MB of text at MAX_FILE_BYTES
+            self._texts.clear()
+        self._texts[key] = data.decode("utf-8", errors="replace")
+        return key, self._texts[key]
 
-    def _parse(self, key: tuple, text: str) -> "_Module | None":
-        if key not in self._parsed:
-            if len(self._parsed) > 256:
-                self._parsed.clear()
-            self._parsed[key] = _Module.parse(text)
-        return self._parsed[key]
+    def allowed(self, path: Path) -> bool:
+        """Inside a root (links followed: one pointing out lands outside) and not ignored."""
+        root = self._root_of(path)
+        abs_path = Path(os.path.abspath(path))
+        return root is not None and abs_path.is_relative_to(root) and not self._ignored(root, abs_path)
+
+    def python_files(self, folder: Path, limit: int) -> list[Path]:
+        """Up to `limit` `.py` files directly in `folder`, in name order, those read() may open."""
+        try:
+            names = sorted(e.name for e in os.scandir(folder) if e.name.endswith(".py"))
+        except OSError:
+            return []
+        return [folder / n for n in names if self.allowed(folder / n)][:limit]
 
 
 @dataclass
@@ -326,7 +347,7 @@ class _Lookup:
     current: Path | None
     open_docs: dict[Path, str]
     text: str
-    budget: _Budget
+    budget: Budget
 
     def modules(self, level: int, module: str):
         for path in resolve_module(level, module, self.current, self.source.roots):
@@ -378,7 +399,7 @@ def import_definitions(source: WorkspaceSource, text: str, current: Path | None,
     `from M import name` gives name's; `import M` (or `from pkg import M`) gives those of the
     attributes read as `M.attr`, then M's other signatures. Names found in no open document nor
     workspace file (the standard library, installed packages) are left out."""
-    look = _Lookup(source, current, open_docs, text, _Budget(time.monotonic() + TIME_BUDGET_S))
+    look = _Lookup(source, current, open_docs, text, Budget(time.monotonic() + TIME_BUDGET_S))
     found: list[Definition] = []
     for level, module, names in imported_names_as(text):
         for name, alias in names:
