@@ -116,7 +116,12 @@ def _bench_parsers(sub) -> None:
                                  "help": "the confidence gate's threshold, a probability 0..1 (default: the model's)"}),
            ("--copy-weight", {"type": float, "default": None,
                               "help": "the copy prior's share in the scores, 0..1 (default: the model's)"}),
-           ("--sweep", {"default": None, "help": "comma-separated thresholds to score too, from the same generations"}))
+           ("--sweep", {"default": None, "help": "comma-separated thresholds to score too, from the same generations"}),
+           ("--workspace-root", {"action": "store_true",
+                                 "help": "the corpus folder is the workspace, as an editor opened on it (the "
+                                         "workspace context may read its other files)"}),
+           ("--workspace-context", {"choices": ["true", "false"], "default": None,
+                                    "help": "the workspaceContext setting (default: the server's)"}))
     bc = bench_sub.add_parser("context", help="score lines that use a sibling module's name, "
                                               "with and without workspace context")
     _add_model_flags(bc)

@@ -158,3 +158,34 @@ def test_a_model_that_types_the_real_code_scores_every_point_exact(tmp_path):
     assert got["points"] == 8
     assert got["shown_rate"] == 1.0 and got["exact_line"] == 1.0 and got["edit_similarity"] == 1.0
     assert got["prefix_match_chars"] >= 4
+
+
+@pytest.mark.parametrize("context", [True, False])
+def test_with_the_corpus_as_workspace_the_prompt_may_read_other_files_never_the_asked_one(
+        tmp_path, context):
+    """`--workspace-root`: an editor opened on the corpus. The workspace context may retrieve
+    from the other files, but the asked file's saved text holds the answer and is never shown."""
+    from codespec_lsp.bench.quality import quality_bench
+    from tests.fake_engine import FakeEngine
+
+    other = SOURCE.replace("line_", "row_")
+    (tmp_path / "a.py").write_text(SOURCE)
+    (tmp_path / "b.py").write_text(other)
+    prompts: list[str] = []
+
+    def record(prompt: str) -> str:
+        prompts.append(prompt)
+        return "x\n"
+    alone = quality_bench(FakeEngine(record), corpus=tmp_path, points=8)
+    plain = list(prompts)
+    prompts.clear()
+    got = quality_bench(FakeEngine(record), corpus=tmp_path, points=8, workspace_root=True,
+                        workspace_context=context)
+    assert got["points"] == alone["points"] == 8 and len(prompts) == len(plain)
+    for prompt in prompts:  # the asked file's text starts last: a cut at 0, after any context
+        asked = "a.py" if prompt.rfind("line_0 = 0") > prompt.rfind("row_0 = 0") else "b.py"
+        assert f"# {asked}\n" not in prompt
+    if context:
+        assert any("# a.py\n" in p or "# b.py\n" in p for p in prompts)
+    else:
+        assert prompts == plain

@@ -149,10 +149,14 @@ def _finalize_calls():
 
 def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, seed: int = 0,
                   min_confidence: float | None = None, sweep: tuple[float, ...] = (),
-                  copy_weight: float | None = None, exact: bool = False) -> dict:
+                  copy_weight: float | None = None, exact: bool = False,
+                  workspace_root: bool = False, workspace_context: bool | None = None) -> dict:
     """The FIELDS for `points` points; with `sweep`, also the same figures per threshold (under
-    "sweep", computed from the same generations: finalize is pure, only the gate differs)."""
-    root = Path(corpus) if corpus else HELD_OUT
+    "sweep", computed from the same generations: finalize is pure, only the gate differs).
+    `workspace_root`: the corpus folder is the editor's workspace, so the workspace context may
+    read the corpus's other files (never the asked file's saved text: it holds the answer);
+    `workspace_context`: that setting, None for the server's default."""
+    root = (Path(corpus) if corpus else HELD_OUT).resolve()
     files = sorted(root.rglob("*.py"))
     if not files:
         raise SystemExit(f"no .py files under {root}")
@@ -160,16 +164,19 @@ def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, se
     builder = ContextBuilder(engine.count_tokens,
                              default_context_tokens(engine.context_window, settings.max_tokens),
                              fim_tokens=engine.fim_tokens,
-                             workspace_context=settings.workspace_context)
+                             workspace_context=settings.workspace_context
+                             if workspace_context is None else workspace_context)
+    roots = [root.as_uri()] if workspace_root else []
     scores, swept = [], {t: [] for t in sweep}
     chosen = quality_points(files, points, seed)
     for i, point in enumerate(chosen):
-        key = f"{point.path}#{i}"  # a fresh document per point: no prompt cut carried over
+        key = Path(point.path).resolve().as_uri()
         with _finalize_calls() as calls:
             result, text = complete_at(engine, builder, key, point.document, point.offset,
                                        max_tokens=settings.max_tokens,
                                        min_confidence=min_confidence, copy_weight=copy_weight,
-                                       exact=exact)
+                                       exact=exact, roots=roots)
+        builder.forget(key)  # a fresh document per point: no prompt cut carried over
         scores.append(score(point, text))
         for t in sweep:
             # finalize is pure: the same call with another threshold is what that setting shows
@@ -194,7 +201,10 @@ def run_quality_bench(args) -> int:
     sweep = tuple(float(t) for t in args.sweep.split(",")) if args.sweep else ()
     result = quality_bench(engine, corpus=args.corpus, points=args.points,
                            min_confidence=args.min_confidence, sweep=sweep,
-                           copy_weight=args.copy_weight, exact=getattr(args, "exact", False))
+                           copy_weight=args.copy_weight, exact=getattr(args, "exact", False),
+                           workspace_root=args.workspace_root,
+                           workspace_context=None if args.workspace_context is None
+                           else args.workspace_context == "true")
     out = json.dumps(result, indent=2)
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
