@@ -342,7 +342,7 @@ def test_usages_detail_adds_how_the_open_documents_call_a_name(tmp_path):
            "    third = load_config('x')\n")
     others = [((pkg / "cli.py").as_uri(), cli), ((pkg / "models.py").as_uri(), MODELS)]
     p = build(ContextBuilder(CountingTokenizer(), 1200, workspace_context=True,
-                             context_detail="usages"), pkg, others=others)
+                             context_detail="usages", context_windows=0), pkg, others=others)
     head = p.text.partition("import os")[0]
     # two uses a name, under its signature: not the import, the comment, nor a third
     assert ("def load_config(path: str) -> Config:\n    \"\"\"Reads a Config from a TOML file.\"\"\"\n"

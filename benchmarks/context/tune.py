@@ -6,7 +6,9 @@ The candidates (ContextBuilder settings): off; the definitions of imported names
 fields and method signatures ("members") or signature and first docstring line only
 ("signatures"); 0.1, 0.25 or 0.4 of the prompt budget; as code under a path comment right before
 the file, or every line a comment. One changed at a time from members / 0.25 / code, then from
-signatures / 0.25 / code.
+signatures / 0.25 / code. Later candidates: uses of the names, the definitions near the statement
+being written, and windows of other files most like the lines above the cursor (retrieval.py).
+Every candidate names its windows (ON has none), so each stays the form it was measured as.
 """
 
 from __future__ import annotations
@@ -20,25 +22,28 @@ import torch
 from codespec_lsp.bench.context import context_bench
 from codespec_lsp.engine import load_engine
 
+ON = {"workspace_context": True, "context_windows": 0}  # the forms measured before windows
 CANDIDATES = {
     "off": {"workspace_context": False},
-    "members_0.25_code": {"workspace_context": True, "context_detail": "members"},
-    "signatures_0.25_code": {"workspace_context": True, "context_detail": "signatures"},
-    "members_0.1_code": {"workspace_context": True, "context_detail": "members", "context_share": 0.1},
-    "members_0.4_code": {"workspace_context": True, "context_detail": "members", "context_share": 0.4},
-    "members_0.25_comment": {"workspace_context": True, "context_detail": "members",
-                             "context_form": "comment"},
+    "members_0.25_code": {**ON, "context_detail": "members"},
+    "signatures_0.25_code": {**ON, "context_detail": "signatures"},
+    "members_0.1_code": {**ON, "context_detail": "members", "context_share": 0.1},
+    "members_0.4_code": {**ON, "context_detail": "members", "context_share": 0.4},
+    "members_0.25_comment": {**ON, "context_detail": "members", "context_form": "comment"},
     # Added after the first package (gepa) put "signatures" ahead: its share and form.
-    "signatures_0.1_code": {"workspace_context": True, "context_detail": "signatures",
-                            "context_share": 0.1},
-    "signatures_0.4_code": {"workspace_context": True, "context_detail": "signatures",
-                            "context_share": 0.4},
-    "signatures_0.25_comment": {"workspace_context": True, "context_detail": "signatures",
-                                "context_form": "comment"},
-    "usages_0.25_code": {"workspace_context": True, "context_detail": "usages"},
+    "signatures_0.1_code": {**ON, "context_detail": "signatures", "context_share": 0.1},
+    "signatures_0.4_code": {**ON, "context_detail": "signatures", "context_share": 0.4},
+    "signatures_0.25_comment": {**ON, "context_detail": "signatures", "context_form": "comment"},
+    "usages_0.25_code": {**ON, "context_detail": "usages"},
     # The definitions right before the top-level statement being written, not before the file.
-    "signatures_0.25_near": {"workspace_context": True, "context_detail": "signatures",
-                             "context_place": "near"},
+    "signatures_0.25_near": {**ON, "context_detail": "signatures", "context_place": "near"},
+    # Windows of other files (open, or beside the current one) most like the lines above the
+    # cursor, after the signatures: how the project writes the calls (retrieval.py).
+    "signatures_1window": {**ON, "context_windows": 1, "window_share": 0.15},
+    "signatures_2windows": {**ON, "context_windows": 2, "window_share": 0.25},
+    # Added after gepa and openai-agents read both window rows above the signatures alone.
+    "windows_only_2": {**ON, "context_share": 0.0, "context_windows": 2, "window_share": 0.25},
+    "signatures_3windows": {**ON, "context_windows": 3, "window_share": 0.35},
 }
 
 

@@ -9,9 +9,10 @@ Promises:
   prefix-only models (the tiny pair, CodeLlama-Python) get the prefix alone. Either way the
   suffix is returned for post-processing.
 - With `workspace_context`, the definitions of the names the file imports from the workspace
-  (completion/workspace.py) go before the prefix. They are chosen at the cut and kept with it,
-  so the prompt's start still does not move while the user types; an edit elsewhere shows at
-  the next cut. Nothing found: the prompt is exactly the one without context.
+  (completion/workspace.py), then the window of another file most like the lines above the
+  cursor (completion/retrieval.py), go before the prefix. They are chosen at the cut and kept
+  with it, so the prompt's start still does not move while the user types; an edit elsewhere
+  shows at the next cut. Nothing found: the prompt is exactly the one without context.
 - Knows token counts and templates, never LSP types; the token counter is injected.
 """
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from codespec_lsp.completion.retrieval import similar_windows
 from codespec_lsp.completion.workspace import (IMPORT_STATEMENT, Definition, WorkspaceSource,
                                                import_definitions, to_path)
 
@@ -91,6 +93,12 @@ class ContextBuilder:
     context_form: str = "code"          # as code under a path comment; "comment": every line one
     context_place: str = "top"          # before the prefix; "near": before the top-level
                                         # statement the cursor is in (fixed at the cut)
+    # Windows of other files most like the lines above the cursor (retrieval.py), after the
+    # definitions. One, in at most 0.15 of the budget, read best over three packages (90 points,
+    # docs/context.md); two or three windows, or windows without the definitions, no better.
+    # The definitions keep their share: these come out of the file's, like them.
+    context_windows: int = 1
+    window_share: float = 0.15
     _state: dict[str, _CutState] = field(default_factory=dict)
     _workspace: WorkspaceSource = field(default_factory=WorkspaceSource)
 
@@ -131,12 +139,14 @@ class ContextBuilder:
     def _context(self, key: str, source: str, offset: int, others: Sequence[tuple[str, str]],
                  roots: Sequence[str]) -> str:
         """The definitions the file imports, the likeliest next nearest the file, within
-        context_share of the budget; each file's block headed by its path, as if it came first."""
+        context_share of the budget, then the retrieved windows; each file's block headed by its
+        path, as if it came first."""
         self._workspace.set_roots(roots)
         open_docs = {p: t for name, t in others if (p := to_path(name)) is not None}
         found = import_definitions(self._workspace, source[:offset], to_path(key), open_docs)
+        windows = self._windows(key, source[:offset], open_docs)
         if not found:
-            return ""
+            return windows
 
         def shown(d: Definition) -> str:
             text = d.short if self.context_detail in ("signatures", "usages") else d.text
@@ -157,7 +167,23 @@ class ContextBuilder:
         for d in reversed(chosen):
             blocks.setdefault(d.path, []).append(shown(d))
         return "".join(f"# {self._shown_path(p)}\n" + "\n".join(texts) + "\n\n"
-                       for p, texts in blocks.items())
+                       for p, texts in blocks.items()) + windows
+
+    def _windows(self, key: str, prefix: str, open_docs: dict[Path, str]) -> str:
+        """The retrieved windows, the most similar last (nearest the file), within window_share."""
+        if not self.context_windows:
+            return ""
+        blocks, used, limit = [], 0, int(self.budget * self.window_share)
+        for w in similar_windows(self._workspace, prefix, to_path(key), open_docs,
+                                 self.context_windows):
+            text = w.text if self.context_form == "code" else "\n".join(
+                f"# {line}" for line in w.text.splitlines())
+            block = f"# {self._shown_path(w.path)}\n{text}\n\n"
+            n = self.count_tokens(block)
+            if used + n <= limit:
+                blocks.append(block)
+                used += n
+        return "".join(reversed(blocks))
 
     def _shown_path(self, path: Path) -> str:
         for root in self._workspace.roots:
