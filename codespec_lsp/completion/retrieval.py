@@ -54,32 +54,31 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / len(a | b) if a or b else 0.0
 
 
-def windows_of(text: str) -> list[tuple[int, str, frozenset[str]]]:
-    """(first line, text, identifiers) of each window of `text`; blank ones left out."""
+def windows_of(text: str) -> list[tuple[int, frozenset[str]]]:
+    """(first line, identifiers) of each window of `text`; blank ones left out."""
     lines = text.splitlines()
     out = []
     for start in range(0, max(len(lines) - WINDOW_LINES, 0) + 1, STRIDE):
         chunk = "\n".join(lines[start:start + WINDOW_LINES])
         if chunk.strip():
-            out.append((start, chunk, words(chunk)))
+            out.append((start, words(chunk)))
     return out
 
 
-# A file's windows by WorkspaceSource.read's key (which changes with the text): a re-cut
-# only scores them.
-_windows: LRUCache = LRUCache(maxsize=128)
+# A file's windows by WorkspaceSource.read's key (which changes with the text), as many files as
+# one cut reads (the server sends at most 8 open documents): a re-cut only scores them.
+_windows: LRUCache = LRUCache(maxsize=FOLDER_FILES + 8)
 
 
 def best_window(path: Path, key: tuple, text: str, query: frozenset[str]) -> Window | None:
-    """The window of `text` most like `query` (the first of equals), None for an empty file."""
+    """The window of `text` most like `query` (the first of equals), None for a blank file."""
     if key not in _windows:
         _windows[key] = windows_of(text)
-    best: Window | None = None
-    for start, chunk, chunk_words in _windows[key]:
-        score = jaccard(chunk_words, query)
-        if best is None or score > best.similarity:
-            best = Window(path, start, chunk, score)
-    return best
+    scored = [(jaccard(chunk_words, query), start) for start, chunk_words in _windows[key]]
+    if not scored:
+        return None
+    score, start = max(scored, key=lambda s: s[0])  # max keeps the first of equals
+    return Window(path, start, "\n".join(text.splitlines()[start:start + WINDOW_LINES]), score)
 
 
 def similar_windows(source: WorkspaceSource, prefix: str, current: Path | None,
