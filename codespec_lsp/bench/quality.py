@@ -169,7 +169,7 @@ def quality_bench(engine, corpus: str | Path | None = None, points: int = 40, se
     roots = [root.as_uri()] if workspace_root else []
     scores, swept = [], {t: [] for t in sweep}
     chosen = quality_points(files, points, seed)
-    for i, point in enumerate(chosen):
+    for point in chosen:
         key = Path(point.path).resolve().as_uri()
         with _finalize_calls() as calls:
             result, text = complete_at(engine, builder, key, point.document, point.offset,

@@ -152,10 +152,7 @@ class ContextBuilder:
             text = d.short if self.context_detail in ("signatures", "usages") else d.text
             if self.context_detail == "usages":
                 text += "".join(f"\n# e.g. {line}" for line in _usages(d.name, others, text))
-            if self.context_form == "comment":
-                # Every line a comment: notes above the file, not code the file already holds.
-                text = "\n".join(f"# {line}" for line in text.splitlines())
-            return text
+            return self._in_form(text)
 
         chosen, used, limit = [], 0, int(self.budget * self.context_share)
         for d in sorted(found, key=lambda d: -_last_use(source, offset, d.name)):
@@ -166,8 +163,17 @@ class ContextBuilder:
         blocks: dict[Path, list[str]] = {}
         for d in reversed(chosen):
             blocks.setdefault(d.path, []).append(shown(d))
-        return "".join(f"# {self._shown_path(p)}\n" + "\n".join(texts) + "\n\n"
-                       for p, texts in blocks.items()) + windows
+        return "".join(self._block(p, "\n".join(texts)) for p, texts in blocks.items()) + windows
+
+    def _in_form(self, text: str) -> str:
+        if self.context_form == "comment":
+            # Every line a comment: notes above the file, not code the file already holds.
+            return "\n".join(f"# {line}" for line in text.splitlines())
+        return text
+
+    def _block(self, path: Path, text: str) -> str:
+        """`text` from the file `path`, headed by its path as if that file came first."""
+        return f"# {self._shown_path(path)}\n{text}\n\n"
 
     def _windows(self, key: str, prefix: str, open_docs: dict[Path, str]) -> str:
         """The retrieved windows, the most similar last (nearest the file), within window_share."""
@@ -176,9 +182,7 @@ class ContextBuilder:
         blocks, used, limit = [], 0, int(self.budget * self.window_share)
         for w in similar_windows(self._workspace, prefix, to_path(key), open_docs,
                                  self.context_windows):
-            text = w.text if self.context_form == "code" else "\n".join(
-                f"# {line}" for line in w.text.splitlines())
-            block = f"# {self._shown_path(w.path)}\n{text}\n\n"
+            block = self._block(w.path, self._in_form(w.text))
             n = self.count_tokens(block)
             if used + n <= limit:
                 blocks.append(block)

@@ -71,13 +71,16 @@ _windows: LRUCache = LRUCache(maxsize=FOLDER_FILES + 8)
 
 
 def best_window(path: Path, key: tuple, text: str, query: frozenset[str]) -> Window | None:
-    """The window of `text` most like `query` (the first of equals), None for a blank file."""
+    """The window of `text` most like `query` (the first of equals), None when none reaches
+    MIN_SIMILARITY: most files do not, and their text is then never cut into lines."""
     if key not in _windows:
         _windows[key] = windows_of(text)
     scored = [(jaccard(chunk_words, query), start) for start, chunk_words in _windows[key]]
     if not scored:
         return None
     score, start = max(scored, key=lambda s: s[0])  # max keeps the first of equals
+    if score < MIN_SIMILARITY:
+        return None
     return Window(path, start, "\n".join(text.splitlines()[start:start + WINDOW_LINES]), score)
 
 
@@ -96,6 +99,6 @@ def similar_windows(source: WorkspaceSource, prefix: str, current: Path | None,
         if path == current or (read := source.read(path, open_docs, budget)) is None:
             continue
         window = best_window(path, *read, query)
-        if window is not None and window.similarity >= MIN_SIMILARITY:
+        if window is not None:
             found.append(window)
     return sorted(found, key=lambda w: -w.similarity)[:limit]
