@@ -1,5 +1,5 @@
 """The quality gates of postprocess.finalize: loops, confidence, re-typed suffix, next line,
-doubled indentation."""
+doubled indentation, leading blank lines."""
 
 import math
 
@@ -10,6 +10,7 @@ from codespec_lsp.completion.postprocess import (
     DEFAULT_MIN_CONFIDENCE,
     NEXT_LINE_MARGIN,
     Mode,
+    blank_lines_above,
     cut_unconfident,
     decide_mode,
     finalize,
@@ -17,6 +18,7 @@ from codespec_lsp.completion.postprocess import (
     line_confidences,
     line_finished,
     retypes_suffix,
+    trim_blank_lead,
 )
 
 
@@ -176,3 +178,41 @@ class TestSuffixAndIndent:
     def test_an_empty_line_shallower_than_its_block_keeps_the_models_indent(self):
         # cursor at column 4 on the line after `    def f(x):`: the body needs 8
         assert finalize("    return x", "    ", "", Mode(True, 5)) == "    return x"
+
+
+class TestBlankLead:
+    """On an empty line, blank lines a suggestion starts with go where PEP 8's limit (two before
+    top-level code, one inside a block) would be passed; the code then starts at the cursor."""
+
+    def test_blank_lines_above_counts_only_the_run_right_above(self):
+        source = "x = 1\n\ny = 2\n\n  \n    "
+        assert blank_lines_above(source, len(source)) == 2
+        assert blank_lines_above("x = 1\n", 6) == 0
+        assert blank_lines_above("\n\n", 2) == 2  # the document's first line counts too
+
+    def test_top_level_code_under_two_blank_lines_starts_at_the_cursor(self):
+        assert trim_blank_lead("\nclass A:\n    pass", "", 2) == "class A:\n    pass"
+
+    def test_a_blank_line_pep8_wants_is_kept(self):
+        assert trim_blank_lead("\nclass A:", "", 1) == "\nclass A:"
+
+    def test_only_the_blank_lines_past_the_limit_go(self):
+        assert trim_blank_lead("\n\n\ndef f():", "", 0) == "\n\ndef f():"
+
+    def test_in_a_block_the_code_starts_after_the_typed_indentation(self):
+        assert trim_blank_lead("\n\n        if x:\n            y", "        ", 1) == "if x:\n            y"
+
+    def test_code_not_under_the_cursors_indentation_is_left(self):
+        assert trim_blank_lead("\n\tif x:", "    ", 1) == "\n\tif x:"
+
+    def test_a_typed_line_or_code_at_the_cursor_is_left(self):
+        assert trim_blank_lead("\n\nclass A:", "x = ", 2) == "\n\nclass A:"
+        assert trim_blank_lead("class A:\n\n\nx", "", 2) == "class A:\n\n\nx"
+
+    def test_finalize_trims_and_keeps_each_lines_confidence(self):
+        # Tokens "\n", "class A:\n", "    x = 1\n" (unconfident), "    y = 2": the shown text
+        # starts at `class`, and the cut falls on the unconfident line, not one line off.
+        raw = "\nclass A:\n    x = 1\n    y = 2"
+        lps = [(1, -0.1), (10, -0.1), (20, -9.0), (29, -0.1)]
+        assert finalize(raw, "", "", Mode(True, 0), logprobs=lps, blank_above=2) == "class A:"
+        assert finalize(raw, "", "", Mode(True, 0), logprobs=lps, blank_above=1) == "\nclass A:"

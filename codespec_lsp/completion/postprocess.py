@@ -18,7 +18,9 @@ Gates (compare Tabby's and Continue's completion filters):
 - a suggestion that only re-types what follows the cursor is dropped (`retypes_suffix`);
 - mid-line stays one line; at the end of a finished line the next line is offered only when
   confident (`Mode.next_line`), otherwise nothing;
-- the first line never repeats indentation the editor already has.
+- the first line never repeats indentation the editor already has;
+- on an empty line, blank lines the suggestion starts with are dropped where they would leave
+  more blank lines in a row than PEP 8 allows (`trim_blank_lead`).
 """
 
 from __future__ import annotations
@@ -390,21 +392,71 @@ def strip_doubled_indent(text: str, line_prefix: str, mode: Mode) -> str:
     return first.lstrip(" \t") + nl + rest
 
 
+# PEP 8 (and black): at most two blank lines in a row before top-level code, one inside a block.
+MAX_BLANK_LINES_TOP = 2
+MAX_BLANK_LINES_INDENTED = 1
+
+
+def trim_blank_lead(text: str, line_prefix: str, blank_above: int) -> str:
+    """On an empty line the model often starts with blank lines (`\\n\\nclass A:`) above lines
+    where `blank_above` blank lines already stand: as shown, the code lands one line down or
+    more, under a run of blank lines no formatter keeps. Drop the blank lines past the limit for
+    the code's indentation; with none left, the code starts at the cursor, whose line already
+    holds its indentation (`line_prefix`). `text` is unchanged when its code is not indented
+    under the cursor's (a dedent): it cannot start at the cursor. Only leading text goes: the
+    result is a suffix of `text`."""
+    if line_prefix.strip():
+        return text
+    lines = text.split("\n")
+    first_code = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if not first_code:
+        return text  # code on the cursor's line already, or nothing but blank lines
+    code = lines[first_code]
+    indented = bool(code[:_indent(code)])
+    allowed = MAX_BLANK_LINES_INDENTED if indented else MAX_BLANK_LINES_TOP
+    if blank_above + first_code <= allowed:
+        return text
+    keep = max(allowed - blank_above, 0)
+    rest = "\n".join(lines[first_code:])
+    if keep:
+        return "\n" * keep + rest
+    if not code.startswith(line_prefix):
+        return text
+    return rest[len(line_prefix):]
+
+
+def blank_lines_above(source: str, offset: int) -> int:
+    """How many blank lines stand right above the cursor's line."""
+    count, end = 0, source.rfind("\n", 0, offset)
+    while end >= 0:
+        start = source.rfind("\n", 0, end) + 1
+        if source[start:end].strip():
+            break
+        count, end = count + 1, start - 1
+    return count
+
+
 def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
              logprobs: Sequence[tuple[int, float]] | None = None,
-             min_confidence: float | None = None) -> str | None:
-    """The whole pipeline: block end, loops, confidence, suffix overlap, brackets, whitespace;
-    None when nothing is worth showing.
+             min_confidence: float | None = None, blank_above: int = 0) -> str | None:
+    """The whole pipeline: block end, leading blank lines, loops, confidence, suffix overlap,
+    brackets, whitespace; None when nothing is worth showing.
 
     `logprobs`: (end offset in `raw`, target log-prob) per generated token (see
     line_confidences); without them (a backend that reports none) the confidence gate is off and
     the next line after a finished one is never offered. `min_confidence` defaults to
-    DEFAULT_MIN_CONFIDENCE; it is a probability (0 turns the gate off)."""
+    DEFAULT_MIN_CONFIDENCE; it is a probability (0 turns the gate off). `blank_above`: the blank
+    lines right above the cursor's line (blank_lines_above)."""
     prob = DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence
     threshold = math.log(prob) if prob > 0 else -math.inf
     end = block_end(raw, mode)
     text = raw if end is None else raw[:end]
-    if not mode.multiline:
+    if mode.multiline:
+        trimmed = trim_blank_lead(text, line_prefix, blank_above)
+        # Only leading text went: every token's end offset moves back by its length.
+        logprobs = [(at - len(text) + len(trimmed), lp) for at, lp in logprobs or ()]
+        text = trimmed
+    else:
         first, nl, rest = text.partition("\n")
         if first.strip() or not mode.next_line:
             text = first  # mid-line, or more of the current line: one line
