@@ -1,5 +1,5 @@
 """The quality gates of postprocess.finalize: loops, confidence, re-typed suffix, next line,
-doubled indentation, leading blank lines."""
+doubled indentation, leading blank lines, a last line the token limit cut."""
 
 import math
 
@@ -12,6 +12,7 @@ from codespec_lsp.completion.postprocess import (
     Mode,
     blank_lines_above,
     cut_unconfident,
+    drop_unfinished_line,
     decide_mode,
     finalize,
     find_loop,
@@ -216,3 +217,24 @@ class TestBlankLead:
         lps = [(1, -0.1), (10, -0.1), (20, -9.0), (29, -0.1)]
         assert finalize(raw, "", "", Mode(True, 0), logprobs=lps, blank_above=2) == "class A:"
         assert finalize(raw, "", "", Mode(True, 0), logprobs=lps, blank_above=1) == "\nclass A:"
+
+
+class TestTruncated:
+    """A block the token limit cut short loses its last line; the first line always stays."""
+
+    def test_the_unfinished_last_line_goes(self):
+        raw = "for task in tasks:\n            total += task.cost\n            summary = tasks_cor"
+        out = finalize(raw, "        ", "", Mode(True, 8), truncated=True)
+        assert out == "for task in tasks:\n            total += task.cost"
+
+    def test_a_block_that_ended_or_a_finished_generation_keeps_its_lines(self):
+        raw = "for task in tasks:\n            total += task.cost"
+        assert finalize(raw, "        ", "", Mode(True, 8)) == raw  # stopped at EOS or a stop
+        ended = raw + "\n    return total"  # the dedent ended the block: nothing was cut short
+        assert finalize(ended, "        ", "", Mode(True, 8), truncated=True) == raw
+
+    def test_the_first_line_is_never_dropped(self):
+        assert drop_unfinished_line("value = compute(a, b") == "value = compute(a, b"
+        assert drop_unfinished_line("\n    value = comp") == "\n    value = comp"
+        assert finalize("value = total_of", "    ", "", Mode(False, 0), truncated=True) == "value = total_of"
+        assert finalize("value = total_of", "    ", "", Mode(True, 4), truncated=True) == "value = total_of"

@@ -247,10 +247,11 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
                                               if word_bias > 0 else (), word_bias),
                            copy_weight=copy_weight,
                            **generate_options)
-    def shown(text: str, result: GenerationResult) -> str | None:
+    def shown(text: str, result: GenerationResult, truncated: bool = False) -> str | None:
         return finalize(_from_cursor(text, heal), line_prefix, prompt.suffix, mode,
                         logprobs=token_logprobs(backend.tokenizer, ids, result, heal),
-                        min_confidence=scoring.min_confidence, blank_above=blank_above)
+                        min_confidence=scoring.min_confidence, blank_above=blank_above,
+                        truncated=truncated)
 
     on_text = None
     if deadline is not None and early is not None:
@@ -259,7 +260,7 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
                  on_text=on_text)
     if result.cancelled:
         return result, None
-    text = shown(result.text, result)
+    text = shown(result.text, result, truncated=result.stop_reason == "max_tokens")
     result.text = _from_cursor(result.text, heal)
     return result, text
 

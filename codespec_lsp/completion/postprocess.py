@@ -20,7 +20,9 @@ Gates (compare Tabby's and Continue's completion filters):
   confident (`Mode.next_line`), otherwise nothing;
 - the first line never repeats indentation the editor already has;
 - on an empty line, blank lines the suggestion starts with are dropped where they would leave
-  more blank lines in a row than PEP 8 allows (`trim_blank_lead`).
+  more blank lines in a row than PEP 8 allows (`trim_blank_lead`);
+- a block the token limit cut short loses its last line, which may stop mid-word
+  (`for task in tasks_cor`); the first line always stays.
 """
 
 from __future__ import annotations
@@ -425,6 +427,14 @@ def trim_blank_lead(text: str, line_prefix: str, blank_above: int) -> str:
     return rest[len(line_prefix):]
 
 
+def drop_unfinished_line(text: str) -> str:
+    """`text` without its last line when a line with code comes before it: cut by the token
+    limit, the last line may end mid-word or mid-expression, and accepted it would leave broken
+    code to mend. (GitLab's AI gateway trims a truncated code suggestion back too.)"""
+    last = text.rfind("\n")
+    return text[:last] if last > 0 and text[:last].strip() else text
+
+
 def blank_lines_above(source: str, offset: int) -> int:
     """How many blank lines stand right above the cursor's line."""
     count, end = 0, source.rfind("\n", 0, offset)
@@ -438,7 +448,8 @@ def blank_lines_above(source: str, offset: int) -> int:
 
 def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
              logprobs: Sequence[tuple[int, float]] | None = None,
-             min_confidence: float | None = None, blank_above: int = 0) -> str | None:
+             min_confidence: float | None = None, blank_above: int = 0,
+             truncated: bool = False) -> str | None:
     """The whole pipeline: block end, leading blank lines, loops, confidence, suffix overlap,
     brackets, whitespace; None when nothing is worth showing.
 
@@ -446,12 +457,15 @@ def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
     line_confidences); without them (a backend that reports none) the confidence gate is off and
     the next line after a finished one is never offered. `min_confidence` defaults to
     DEFAULT_MIN_CONFIDENCE; it is a probability (0 turns the gate off). `blank_above`: the blank
-    lines right above the cursor's line (blank_lines_above)."""
+    lines right above the cursor's line (blank_lines_above). `truncated`: the generation stopped
+    at its token limit, not where the model or the block ended."""
     prob = DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence
     threshold = math.log(prob) if prob > 0 else -math.inf
     end = block_end(raw, mode)
     text = raw if end is None else raw[:end]
     if mode.multiline:
+        if truncated and end is None:
+            text = drop_unfinished_line(text)
         trimmed = trim_blank_lead(text, line_prefix, blank_above)
         # Only leading text went: every token's end offset moves back by its length.
         logprobs = [(at - len(text) + len(trimmed), lp) for at, lp in logprobs or ()]
