@@ -747,6 +747,26 @@ async def test_time_budget_shows_whole_words_early_and_the_rest_comes_by_typing_
     assert eng.calls == 1
 
 
+def test_an_early_block_shows_its_finished_lines_not_the_one_being_written(monkeypatch):
+    # The clock ticks once per text the model has so far, so the deadline passes at a known
+    # token: the second line's `return`, which whole words alone would show.
+    from types import SimpleNamespace
+
+    from codespec_lsp.completion import complete
+    from codespec_lsp.completion.context import ContextBuilder
+    block = "total = compute(alpha, beta)\n    return total + alpha\n"
+    eng = FakeEngine(lambda p: block, tokens_per_forward=1)
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(complete, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    source = "def f(alpha, beta):\n    "
+    shown = []
+    _, final = complete.complete_at(eng, ContextBuilder(eng.count_tokens, 512), "file:///a.py",
+                                    source, len(source), max_tokens=64, deadline=17,
+                                    early=shown.append)
+    assert final == "total = compute(alpha, beta)\n    return total + alpha"  # a block is offered
+    assert shown == ["total = compute(alpha, beta)"]
+
+
 async def test_without_a_budget_the_whole_suggestion_is_awaited():
     eng = FakeEngine(lambda p: LONG_LINE, tokens_per_forward=1, forward_s=0.01)
     s = make(eng, time_budget_ms=0)

@@ -226,7 +226,8 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     """(the backend's result with its counts, the text to show or None when there is nothing).
     `deadline` (time.perf_counter) and `early`: past the deadline, the first time the text so
     far has something to show, `early` gets it (whole words, post-processed as the final answer
-    would be); the generation goes on to its end, which is what this returns.
+    would be, a block without its unfinished last line); the generation goes on to its end,
+    which is what this returns.
     `others`, `roots`: the open documents and workspace folders (ContextBuilder.build).
     `copy_weight`, `word_bias`, `min_confidence`: None takes the model's measured value
     (`backend.scoring`, engine/scoring.py; a backend without one runs the pure target).
@@ -255,7 +256,10 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
 
     on_text = None
     if deadline is not None and early is not None:
-        on_text = _early_answer(deadline, early, lambda text: shown(whole_words(text), gen.result))
+        # Mid-generation the last line is as unfinished as one the token limit cut: a block shows
+        # its finished lines, a single line its whole words.
+        on_text = _early_answer(deadline, early,
+                                lambda text: shown(whole_words(text), gen.result, truncated=True))
     result = run(gen, backend.tokenizer, ids, stop_fn=_after_heal(heal, lambda text: block_end(text, mode)),
                  on_text=on_text)
     if result.cancelled:
