@@ -21,8 +21,8 @@ Gates (compare Tabby's and Continue's completion filters):
 - the first line never repeats indentation the editor already has;
 - on an empty line, blank lines the suggestion starts with are dropped where they would leave
   more blank lines in a row than PEP 8 allows (`trim_blank_lead`);
-- a block the token limit cut short loses its last line, which may stop mid-word
-  (`for task in tasks_cor`); the first line always stays.
+- a block cut short (by the token limit, or shown early while still being written) loses its
+  last line, which may stop mid-word (`for task in tasks_cor`); the first line always stays.
 """
 
 from __future__ import annotations
@@ -457,8 +457,9 @@ def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
     line_confidences); without them (a backend that reports none) the confidence gate is off and
     the next line after a finished one is never offered. `min_confidence` defaults to
     DEFAULT_MIN_CONFIDENCE; it is a probability (0 turns the gate off). `blank_above`: the blank
-    lines right above the cursor's line (blank_lines_above). `truncated`: the generation stopped
-    at its token limit, not where the model or the block ended."""
+    lines right above the cursor's line (blank_lines_above). `truncated`: the text stops where the
+    model was cut off or is still writing (its token limit, an answer shown early), not where
+    the model or the block ended."""
     prob = DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence
     threshold = math.log(prob) if prob > 0 else -math.inf
     end = block_end(raw, mode)
