@@ -92,6 +92,21 @@ class TestLoops:
         raw = "x = compute(a)\n    y = str(str(str(str(str(a\n    z = 3"
         assert finalize(raw, "    ", "", Mode(True, 4)) == "x = compute(a)"
 
+    def test_a_list_item_repeated_under_the_next_number_is_kept_once(self):
+        # smol in a docstring: the counter goes on, the item does not
+        raw = ("A module that reads it.\n    5. A module that reads it.\n"
+               "    6. A module that reads it.")
+        assert finalize(raw, "    4. ", "", Mode(True, 4)) == "A module that reads it."
+        assert find_loop("# 1) load the file\n# 2) load the file") == len("# 1) load the file")
+
+    @pytest.mark.parametrize("text", [
+        "1. Read the file.\n2. Parse it.\n3. Write the result.",   # items of their own
+        "(1, 0, 0),\n(2, 0, 0),",                                   # digits elsewhere: data
+        "x1 = compute(1)\nx2 = compute(2)",
+    ])
+    def test_a_list_or_a_table_is_not_a_loop(self, text):
+        assert find_loop(text) is None
+
     def test_a_repeated_line_is_kept_once(self):
         out = finalize("x.append(1)\n    x.append(1)\n    x.append(1)\n", "    ", "", Mode(True, 4))
         assert out == "x.append(1)"

@@ -10,7 +10,8 @@ Promises:
   trailing whitespace and returns None rather than an empty or whitespace-only suggestion.
 
 Gates (compare Tabby's and Continue's completion filters):
-- repetition: the same line or group of lines repeated is kept once; a loop of characters or
+- repetition: the same line or group of lines repeated (a list item's number aside) is kept
+  once; a loop of characters or
   words (`but, but, but, but`) is cut where it starts on the first line, and a later line that
   holds one is dropped with all after it (`find_loop`);
 - confidence: the suggestion is cut at the first line whose mean target log-probability per
@@ -70,6 +71,10 @@ _LETTER = re.compile(r"[A-Za-z]")
 # code and no comment or string opener. Brackets are left to balance_brackets (Lisp closes 8).
 _SYMBOL_RUN = re.compile(r"([^\w\s()\[\]{}'\"`#\\])\1{7,}")
 _NOT_CODE_BEFORE = re.compile(r"#|//|/\*|--|['\"`]")
+# The number of a numbered list's item (`4. `, `# 2) `), at the start of a line of a docstring or
+# comment: the same item under the next number is a counter going on, not a new item. Only that
+# number is set aside, so data tables (`(1, 0, 0),`), which differ in digits elsewhere, stay code.
+_LIST_NUMBER = re.compile(r"^(\s*(?:#\s*)?)\d+([.)]\s)")
 # A line ending in one of these continues on the next line: it is not finished.
 _CONTINUE_CHARS = tuple(",([{\\+-*/%=&|^<>.@:~")
 _CONTINUE_WORDS = {"and", "or", "not", "in", "is", "lambda", "await", "import", "from"}
@@ -257,11 +262,13 @@ def strip_trailing_whitespace(text: str) -> str:
 
 def _line_loop_end(lines: list[str], starts: list[int], line_prefix: str) -> int | None:
     """End of the first copy when the same non-blank line, or group of up to 3, comes twice in a
-    row (blank lines between them aside), indentation included (`try:` inside `try:` is code).
+    row (blank lines between them aside), indentation included (`try:` inside `try:` is code),
+    a list item's number aside (`4. A module …`, `5. A module …`: see _LIST_NUMBER).
     The first line is taken as shown: after the cursor line's text, without indentation of its
     own when the cursor stands in the indentation (strip_doubled_indent)."""
     first = line_prefix + (lines[0].lstrip(" \t") if not line_prefix.strip() else lines[0])
-    full = [first] + [line.rstrip() for line in lines[1:]]
+    full = [_LIST_NUMBER.sub(r"\1#\2", line)
+            for line in [first] + [line.rstrip() for line in lines[1:]]]
     rows = [i for i, line in enumerate(lines) if line.strip()]
     for k in (1, 2, 3):
         for j in range(len(rows) - 2 * k + 1):
