@@ -11,9 +11,8 @@ Promises:
 
 Gates (compare Tabby's and Continue's completion filters):
 - repetition: the same line or group of lines repeated (a list item's number aside) is kept
-  once; a loop of characters or
-  words (`but, but, but, but`) is cut where it starts on the first line, and a later line that
-  holds one is dropped with all after it (`find_loop`);
+  once; a loop of characters or words (`but, but, but, but`) is cut where it starts on the first
+  line, and a later line that holds one is dropped with all after it (`find_loop`);
 - confidence: the suggestion is cut at the first line whose mean target log-probability per
   token is below log(`min_confidence`) (`cut_unconfident`; nothing when it is the first line);
 - a suggestion that only re-types what follows the cursor is dropped (`retypes_suffix`);
