@@ -10,6 +10,10 @@ import pytest
 # Test helpers (fake_engine.py) are imported as top-level modules.
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
+# Every load times its own CPU linear plan, as before the plan cache: tests write nothing to the
+# user's cache folder (test_cpu_linear.py gives the cache a file of its own).
+os.environ["CODESPEC_CPU_LINEAR_CACHE"] = "off"
+
 # The end-to-end tests against a real editor or server. A user's `make test` may skip them,
 # saying what to install; in CI a skip fails the run, or a missing package passes unnoticed.
 END_TO_END = frozenset({"test_vscode_e2e.py", "test_vllm_e2e.py", "test_nvim.py"})

@@ -4,7 +4,11 @@ output."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from codespec_lsp.engine import cpu_linear
 from codespec_lsp.engine.models import TINY_DIR, load_model
@@ -77,3 +81,68 @@ def test_speculative_greedy_equals_the_target_with_every_row_count_transposed_or
             assert result.tokens == want, (form, drafter)
             assert result.proposed > 0
 
+
+
+def small_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_a_plan_is_timed_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cpu_linear.json"
+    timed = []
+    real = cpu_linear._time_forms
+    monkeypatch.setattr(cpu_linear, "_time_forms", lambda *a: timed.append(1) or real(*a))
+    first = cpu_linear.install(small_llama(), cache)
+    assert len(timed) == 1 and cache.exists()
+    # another load of the same shape: the kept plan, installed, without timing anything
+    model = small_llama()
+    assert cpu_linear.install(model, cache) == first and len(timed) == 1
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert all(type(m) is cpu_linear.SmallBatchLinear and m.forms == first for m in linears)
+    # another machine, thread count or PyTorch: another key, timed again, both kept
+    monkeypatch.setattr(cpu_linear, "_cpu_name", lambda: "another CPU")
+    cpu_linear.install(small_llama(), cache)
+    assert len(timed) == 2 and len(json.loads(cache.read_text())) == 2
+
+
+def test_a_kept_packed_plan_packs_the_weights_and_computes_the_same(tmp_path):
+    cache = tmp_path / "cpu_linear.json"
+    plain = small_llama()
+    linears = [m for m in plain.modules() if isinstance(m, torch.nn.Linear)]
+    key = cpu_linear.plan_key(linears)
+    cache.write_text(json.dumps({key: {"2": "packed", "64": "packed", "3": "transposed"}}))
+    model = small_llama()
+    assert cpu_linear.install(model, cache) == {2: "packed", 64: "packed", 3: "transposed"}
+    assert all(m.packed is not None for m in model.modules() if isinstance(m, cpu_linear.SmallBatchLinear))
+    with torch.inference_mode():
+        for rows in (1, 2, 3, 70):
+            ids = torch.arange(rows).unsqueeze(0) % 128
+            torch.testing.assert_close(model(input_ids=ids).logits, plain(input_ids=ids).logits,
+                                       rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("text", ["{not json", '["a list"]', '{"KEY": {"2": "fastest"}}',
+                                  '{"KEY": {"two": "packed"}}'])
+def test_a_broken_cache_is_timed_again_and_rewritten(tmp_path, text):
+    cache = tmp_path / "cpu_linear.json"
+    model = small_llama()
+    key = cpu_linear.plan_key([m for m in model.modules() if isinstance(m, torch.nn.Linear)])
+    cache.write_text(text.replace("KEY", key))
+    plan = cpu_linear.install(model, cache)
+    assert json.loads(cache.read_text())[key] == {str(n): f for n, f in plan.items()}
+
+
+def test_the_cache_file_is_the_cache_folders_unless_the_environment_says(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(cpu_linear.PLAN_CACHE_ENV, raising=False)
+    assert cpu_linear.plan_cache() == tmp_path / "codespec-lsp" / "cpu_linear.json"
+    monkeypatch.setenv(cpu_linear.PLAN_CACHE_ENV, "off")
+    assert cpu_linear.plan_cache() is None
+    monkeypatch.setenv(cpu_linear.PLAN_CACHE_ENV, str(tmp_path / "plans.json"))
+    assert cpu_linear.plan_cache() == tmp_path / "plans.json"
+    # a cache that cannot be written: the plan is still installed
+    (tmp_path / "file").write_text("")
+    assert isinstance(cpu_linear.install(small_llama(), tmp_path / "file" / "plans.json"), dict)

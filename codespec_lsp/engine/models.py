@@ -183,7 +183,7 @@ def load_model(ref: str, *, device: str, dtype: torch.dtype, allow_download: boo
                              f"or a config that does not match the weights?")
     if device == "cpu":
         hf.use_cpu_attention(model)
-        model.cpu_linear_plan = cpu_linear.install(model)
+        model.cpu_linear_plan = cpu_linear.install(model, cpu_linear.plan_cache())
     return model.eval()
 
 
