@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from codespec_lsp.engine.api import CancelToken
+from codespec_lsp.engine.engine import FIRST_STEP_PROMPT
 from codespec_lsp.engine.kvcache import PrefixCache
 from engine_helpers import (N_NEW, PROMPTS, SOURCE, generate_text, prefill_text, make_engine,
                             sampled_pairs_chi_square, random_draft_like, reference_greedy, tiny_parts,
@@ -71,6 +72,22 @@ def test_draft_model_runs_one_forward_per_drafted_token(parts, references):
     result = generate_text(engine, PROMPTS["medium"], max_new_tokens=N_NEW)
     assert result.tokens == references["medium"]
     assert result.proposed > 0 and result.draft_forwards == result.proposed
+
+
+def test_a_new_prompts_draft_catch_up_is_prefill_not_the_first_steps_drafting(parts, references):
+    # Counted as the first step's drafting, a whole prompt's catch-up read as a draft many
+    # times dearer per token than it is (what adaptive K and the stats read).
+    tok, target, _ = parts
+    engine = make_engine(target, target, tok, drafter="model")
+    engine.fixed_k = 3  # every step drafts (adaptive K starts the draft model at 0)
+    drafter, behind = engine.model_drafter, []
+    propose = drafter.propose
+    drafter.propose = lambda tokens, *a: behind.append(len(tokens) - len(drafter.kv)) or propose(tokens, *a)
+    result = generate_text(engine, PROMPTS["long"], max_new_tokens=N_NEW)  # nothing cached
+    assert result.tokens == references["long"] and result.reused_tokens == 0
+    # the first step catches up with the prompt's last few tokens, each later one with the last
+    # step's (3 drafts and the target's token)
+    assert len(behind) > 1 and behind[0] <= FIRST_STEP_PROMPT and max(behind) <= 3 + 1, behind
 
 
 def test_fixed_k_proposes_k_every_step(parts, references):

@@ -141,6 +141,17 @@ class ModelDrafter:
     def enable_cache(self, enabled: bool) -> None:
         self.prefix_cache.enabled = enabled
 
+    def catch_up(self, tokens: list[int], upto: int, cancel: CancelToken | None = None) -> bool:
+        """Bring the KV up to `tokens[:upto]` (the prompt the target just prefilled), in
+        cancellable chunks; False when cancelled. The engine calls it after the target's prefill,
+        as it does the EAGLE head's: a new prompt's catch-up is prefill work, and counted as the
+        first step's drafting it made the draft's seconds a token look many times dearer."""
+        kv = self.kv
+        kv.crop(min(common_prefix_len(kv.ids, tokens), len(tokens) - 1))
+        todo = tokens[len(kv):upto]
+        self.forwards += -(-len(todo) // self.prefill_chunk)
+        return kv.prefill(todo, self.prefill_chunk, lambda: cancel is not None and cancel.cancelled)
+
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
                 cancel: CancelToken | None) -> Proposal:
         kv = self.kv

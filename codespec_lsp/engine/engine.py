@@ -397,8 +397,11 @@ class _Run:
         upto = max(len(target), len(self.seq) - FIRST_STEP_PROMPT)  # the rest: the first step's
         done = self.engine._prefill_whole(target, self.seq[len(target):upto], self.opts.cancelled)
         head = self.engine.model_drafter
-        if done and isinstance(head, EagleDrafter) and head in self.sources:
-            head.catch_up(self.seq, self.opts.cancel)  # a new prompt's share is prefill work too
+        if done and head in self.sources:  # a new prompt's share of the drafter is prefill work too
+            if isinstance(head, EagleDrafter):
+                head.catch_up(self.seq, self.opts.cancel)
+            elif isinstance(head, ModelDrafter):
+                done = head.catch_up(self.seq, upto, self.opts.cancel)
         self.result.prefill_s = time.perf_counter() - t0
         if done:
             self.result.prefill_tokens = self.prompt_len - self.result.reused_tokens
