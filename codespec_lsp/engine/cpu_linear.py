@@ -1,4 +1,4 @@
-"""Linear layers fed a few rows on the CPU: the fastest of three equal products, measured at load.
+"""Linear layers fed a few rows on the CPU: the fastest of three equal products, timed once per CPU.
 
 A verify forward feeds K+1 tokens, a keystroke's prefill one to four. For so few rows the BLAS
 picks its kernel from the shape, and the one `F.linear` reaches (x @ W.T) can cost far more than
