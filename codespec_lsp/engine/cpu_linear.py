@@ -151,9 +151,12 @@ def _keep(cache: Path | None, key: str, plan: dict[int, str]) -> None:
         # Written aside then renamed: two servers starting at once never read half a file.
         with tempfile.NamedTemporaryFile("w", dir=cache.parent, delete=False, suffix=".tmp") as f:
             json.dump(plans, f, indent=1)
+    except OSError:
+        return  # a read-only cache: the plan is timed again at the next load, nothing breaks
+    try:
         os.replace(f.name, cache)
     except OSError:
-        pass  # a read-only cache: the plan is timed again at the next load, nothing breaks
+        Path(f.name).unlink(missing_ok=True)
 
 
 @torch.inference_mode()
