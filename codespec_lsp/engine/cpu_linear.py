@@ -22,8 +22,8 @@ other than F.linear is used, in every layer, where it took at most MARGIN of F.l
 forms compute the same sums in another order: logits differ in the last bits, as they already did
 between 1 and K+1 rows.
 
-The timing takes about a hundred whole forwards: 5.5 of SmolLM2-135M's 5.8 s load on the 2-core
-EPYC, idle, and 40 s beside two busy processes. It is done once per CPU, thread count, PyTorch
+The timing takes about a hundred whole forwards: 5.5 of SmolLM2-135M's 5.8 s load on a 2-core
+Xeon, idle, and 40 s beside two busy processes. It is done once per CPU, thread count, PyTorch
 version and model shape: the plan is kept in the cache folder (`cpu_linear.json`, PLAN_CACHE_ENV
 names another file or `off`), and a load that finds it only installs it. Delete the file to time
 again (after a BLAS or machine change the key changes by itself).
