@@ -88,6 +88,8 @@ def test_a_new_prompts_draft_catch_up_is_prefill_not_the_first_steps_drafting(pa
     # the first step catches up with the prompt's last few tokens, each later one with the last
     # step's (3 drafts and the target's token)
     assert len(behind) > 1 and behind[0] <= FIRST_STEP_PROMPT and max(behind) <= 3 + 1, behind
+    # and its forwards are not drafting forwards: one per drafted token, as with a warm cache
+    assert result.draft_forwards == result.proposed > 0
 
 
 def test_fixed_k_proposes_k_every_step(parts, references):

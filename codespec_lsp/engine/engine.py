@@ -341,6 +341,9 @@ class _Run:
             for source in sources:
                 source.begin(opts.key, seq, list(opts.lookup_ids), opening, target)
             self._prefill(target)
+            # drafting forwards only: a drafter's catch-up with a new prompt is prefill, and the
+            # target's prefill forwards are not counted either
+            draft_forwards_before = sum(s.forwards for s in sources)
             while not result.cancelled and result.stop_reason == "max_tokens":
                 new_count = len(seq) - self.prompt_len
                 if new_count >= opts.max_new_tokens:
