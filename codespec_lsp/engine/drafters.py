@@ -155,17 +155,12 @@ class ModelDrafter:
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
                 cancel: CancelToken | None) -> Proposal:
         kv = self.kv
-        kv.crop(min(common_prefix_len(kv.ids, tokens), len(tokens) - 1))
         is_cancelled = (lambda: cancel is not None and cancel.cancelled)
-        # Only a long catch-up (a new prompt) runs on its own, in cancellable chunks; the rest
+        # Only a long catch-up (a new prompt the prefill did not bring) runs on its own; the rest
         # rides with the first draft forward, so a step costs k draft forwards, not k + 1.
-        split = max(len(kv), len(tokens) - self.prefill_chunk)
-        catch_up = tokens[len(kv):split]
-        done = kv.prefill(catch_up, self.prefill_chunk, is_cancelled)
-        self.forwards += -(-len(catch_up) // self.prefill_chunk)
-        if not done:
+        if not self.catch_up(tokens, len(tokens) - self.prefill_chunk, cancel):
             return Proposal([], None)
-        feed, drafted, probs = tokens[split:], [], []
+        feed, drafted, probs = tokens[len(kv):], [], []
         for _ in range(k):
             if is_cancelled():
                 break
