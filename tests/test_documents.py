@@ -186,3 +186,71 @@ def test_offset_on_the_line_after_a_final_newline():
     assert documents.Document("file:///p.py", "x\n").offset_at(pos(1, 0), strict=True) == 2
     assert documents.Document("file:///p.py", "").offset_at(pos(0, 0), strict=True) == 0
     assert documents.Document("file:///p.py", "x").offset_at(pos(1, 0), strict=True) is None
+
+
+# ------------------------------------------------------------ edited spans (issue 27)
+
+def spans(doc: documents.Document) -> list[tuple[int, int]]:
+    return [(a, b) for a, b, _ in doc.edited]
+
+
+def test_typing_in_a_line_records_that_line():
+    ws = opened("a\nb\nc\nd\n")
+    ws.update_text_document(types.VersionedTextDocumentIdentifier(uri="file:///t.py", version=2),
+                            change(2, 1, 2, 1, "x"))
+    assert spans(ws.get_text_document("file:///t.py")) == [(2, 2)]
+
+
+def test_lines_added_or_removed_above_move_a_span_and_touching_changes_join_it():
+    doc = documents.Document("file:///t.py", "a\nb\nc\nd\ne\nf\ng\n")
+    doc.apply_change(change(5, 1, 5, 1, "x"))         # f -> fx
+    doc.apply_change(change(0, 0, 0, 0, "n1\nn2\n"))  # two lines above, the span is apart
+    assert spans(doc) == [(7, 7), (0, 1)]
+    assert doc.source.split("\n")[7] == "fx"
+    doc.apply_change(change(1, 0, 3, 0, ""))          # n2 and a removed: fx moves up two
+    assert doc.source.split("\n")[5] == "fx" and (5, 5) in spans(doc)
+    doc.apply_change(change(6, 1, 6, 1, "y"))         # g -> gy, next to fx: one span, latest
+    assert spans(doc)[-1] == (5, 6) and (5, 5) not in spans(doc)
+
+
+def test_an_inserted_line_is_its_own_span_not_the_line_after_it():
+    doc = documents.Document("file:///t.py", "a\nb\nc\nd\ne\n")
+    doc.apply_change(change(3, 1, 3, 1, "\nnew"))
+    assert spans(doc) == [(4, 4)] and doc.source.split("\n")[4] == "new"
+
+
+def test_a_whole_document_change_records_the_lines_it_changed():
+    ws = workspace()
+    ws.put_text_document(types.TextDocumentItem(uri="file:///t.py", language_id="python",
+                                                version=1, text="a\nb\nc\nd\ne\n"))
+    ws.update_text_document(types.VersionedTextDocumentIdentifier(uri="file:///t.py", version=2),
+                            types.TextDocumentContentChangeWholeDocument(text="a\nb\nX\nY\nd\ne\n"))
+    assert spans(ws.get_text_document("file:///t.py")) == [(2, 3)]
+
+
+def test_a_stale_change_records_nothing():
+    ws = opened("a\nb\n", version=3)
+    ws.update_text_document(types.VersionedTextDocumentIdentifier(uri="file:///t.py", version=2),
+                            change(0, 0, 0, 0, "x"))
+    assert spans(ws.get_text_document("file:///t.py")) == []
+
+
+def test_spans_are_bounded_and_chunks_come_latest_first_across_documents():
+    a = documents.Document("file:///a.py", "\n".join(f"a{i}" for i in range(60)))
+    b = documents.Document("file:///b.py", "\n".join(f"b{i}" for i in range(60)))
+    for i in range(0, 40, 4):  # ten changes apart from each other in a
+        a.apply_change(change(i, 0, i, 0, "#"))
+    assert len(a.edited) == documents.MAX_EDITED_SPANS
+    b.apply_change(change(10, 0, 10, 0, "#"))
+    chunks = documents.edited_chunks([a, b], limit=3)
+    assert chunks == [("file:///b.py", "b9\n#b10\nb11"), ("file:///a.py", "a35\n#a36\na37"),
+                      ("file:///a.py", "a31\n#a32\na33")]
+
+
+def test_a_long_span_shows_its_first_lines_and_one_line_either_side():
+    doc = documents.Document("file:///t.py", "top\nbottom\n")
+    doc.apply_change(change(1, 0, 1, 0, "".join(f"line{i}\n" for i in range(40))))
+    (_, text), = documents.edited_chunks([doc])
+    lines = text.split("\n")
+    assert lines[0] == "top" and lines[1] == "line0"
+    assert len(lines) == documents.EDITED_CHUNK_LINES + 2

@@ -14,13 +14,18 @@ Promises (LSP 3.17, "Text Documents" and "Position"):
 - A change whose range is reversed (end before start) is applied to the normalised range.
 - A change older than the document (its version is lower) is logged and dropped: the newest
   text stays. A change for a document that is not open is logged and dropped.
+- Each document keeps the line spans its changes touched, most recent last, shifted as lines
+  are added or removed above them (`Document.edited`); `edited_chunks` gives the text of the
+  most recent across the other documents, for workspace context (completion/context.py).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import re
+from collections.abc import Iterable, Sequence
 from urllib.parse import unquote
 
 from lsprotocol import types
@@ -31,6 +36,12 @@ log = logging.getLogger("codespec_lsp.lsp.documents")
 
 _BREAK = re.compile(r"\r\n|\r|\n")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_TRAILING_BREAK = re.compile(r"(\r\n|\r|\n)\Z")
+# Edited spans kept per document, and the lines of one shown (one line of code around it too):
+# what the history bench measured (benchmarks/context/edits.py, docs/context.md).
+MAX_EDITED_SPANS = 8
+EDITED_CHUNK_LINES = 16
+_edit_order = itertools.count()  # recency across documents
 
 
 def split_lines(text: str) -> list[str]:
@@ -54,9 +65,15 @@ def clean(text: str) -> str:
 
 
 class Document(TextDocument):
-    """A pygls TextDocument that splits lines and resolves positions the LSP way."""
+    """A pygls TextDocument that splits lines and resolves positions the LSP way, and keeps the
+    line spans its changes touched."""
 
     _cache: tuple[str, list[int], tuple[str, ...] | None] | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # [first line, last line, order] of each span changes touched, oldest first.
+        self.edited: list[list[int]] = []
 
     def _index(self) -> tuple[str, list[int]]:
         """The source and its line start offsets, cached until the source changes."""
@@ -121,6 +138,33 @@ class Document(TextDocument):
         return types.Position(line=line, character=self.position_codec.client_num_units(
             source[start:offset]))
 
+    def apply_change(self, change: types.TextDocumentContentChangeEvent) -> None:
+        old = self.source
+        super().apply_change(change)
+        if self.source != old:  # a change that leaves the text as it was touches nothing
+            self._record_edit(old, self.source)
+
+    def _record_edit(self, old: str, new: str) -> None:
+        """Keep the lines the change from `old` to `new` touched, found by the text both share
+        at each end (the same for a whole-document change as for a range); spans below it move
+        with the lines added or removed, spans it touches join it."""
+        start = _common_prefix(old, new)
+        tail = _common_prefix(old[start:][::-1], new[start:][::-1])
+        first = old.count("\n", 0, start)
+        old_last, old_breaks = _last_line(old, start, len(old) - tail, first)
+        new_last, new_breaks = _last_line(new, start, len(new) - tail, first)
+        shift = new_breaks - old_breaks
+        span = [first, new_last, next(_edit_order)]
+        kept = []
+        for a, b, order in self.edited:
+            if b < first - 1:
+                kept.append([a, b, order])
+            elif a > old_last + 1:
+                kept.append([a + shift, b + shift, order])
+            else:  # touching: one span, as recent as this change
+                span[0], span[1] = min(a, first), max(b + shift if b > old_last else new_last, new_last)
+        self.edited = (kept + [span])[-MAX_EDITED_SPANS:]
+
     def _apply_incremental_change(self, change: types.TextDocumentContentChangePartial) -> None:
         start = self.offset_at(change.range.start)
         end = self.offset_at(change.range.end)
@@ -132,6 +176,45 @@ class Document(TextDocument):
             start, end = end, start
         source = self.source
         self._source = source[:start] + change.text + source[end:]
+
+
+def _last_line(text: str, start: int, end: int, first: int) -> tuple[int, int]:
+    """(the last line text[start:end] touches, starting on line `first`; the breaks it holds).
+    A region that ends with its line break does not touch the line after it."""
+    breaks = text.count("\n", start, end)
+    return first + max(breaks - (end > start and text[end - 1] == "\n"), 0), breaks
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """len of the longest common prefix: string compares in halving steps, not a loop per char."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def edited_chunks(docs: Iterable[Document], limit: int = MAX_EDITED_SPANS) -> list[tuple[str, str]]:
+    """(uri, text) of the `limit` most recently edited spans of `docs`, the most recent first:
+    the span's lines (at most EDITED_CHUNK_LINES of them) and the line above and below."""
+    spans = sorted(((order, a, b, doc) for doc in docs for a, b, order in doc.edited),
+                   key=lambda s: -s[0])[:limit]
+    out = []
+    for _, a, b, doc in spans:
+        chunk = span_text(doc.lines, a, b)  # lines are kept until the document changes
+        if chunk.strip():
+            out.append((doc.uri, clean(chunk)))
+    return out
+
+
+def span_text(lines: Sequence[str], first: int, last: int) -> str:
+    """Lines first..last (at most EDITED_CHUNK_LINES of them) and one either side, of `lines`
+    as split_lines gives them (with their breaks); the last break left out."""
+    shown = "".join(lines[max(first - 1, 0):first + min(last - first + 1, EDITED_CHUNK_LINES) + 1])
+    return shown[:-len(m.group())] if (m := _TRAILING_BREAK.search(shown)) else shown
 
 
 def _fmt_pos(p: types.Position) -> str:
