@@ -373,3 +373,68 @@ def test_near_placement_puts_the_context_before_the_statement_being_written(tmp_
         assert p.text.startswith(first.text) and p.text.endswith(src[-20:])
     top = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg, src)
     assert top.text.startswith("# app/models.py\n") and sorted(top.text) == sorted(p.text)
+
+
+EDITED_CALLER = "def serve(path):\n    cfg = load_config(path)\n    return cfg.url('/')"
+EDITED_OTHER = "def unrelated():\n    return 42"
+
+
+def test_edited_spans_go_nearest_the_file_the_most_like_the_lines_above_first(tmp_path):
+    pkg = package(tmp_path)
+    tok = CountingTokenizer()
+    b = ContextBuilder(tok, 400, workspace_context=True, edit_chunks=1)
+    edits = [((pkg / "other.py").as_uri(), EDITED_OTHER), ((pkg / "cli.py").as_uri(), EDITED_CALLER)]
+    key = (pkg / "main.py").as_uri()
+    src = MAIN.replace("    cfg = ", "    cfg = load_config(path)\n    url = cfg.url(path)\n    ")
+    p = b.build(key, src, len(src), (), [pkg.parent.as_uri()], edits)
+    head = p.text[:len(p.text) - len(p.prefix)]
+    assert head.endswith(f"# app/cli.py\n{EDITED_CALLER}\n\n") and "unrelated" not in head
+    assert head.index("def load_config(path: str) -> Config:") < head.index("# app/cli.py")
+    assert tok(f"# app/cli.py\n{EDITED_CALLER}\n\n") <= 400 * b.edit_share
+
+
+def test_edited_spans_are_not_shown_without_workspace_context_or_over_their_share(tmp_path):
+    pkg = package(tmp_path)
+    edits = [((pkg / "cli.py").as_uri(), EDITED_CALLER)]
+    off = ContextBuilder(CountingTokenizer(), 400).build((pkg / "main.py").as_uri(), MAIN,
+                                                           len(MAIN), (), [], edits)
+    assert off.text == MAIN
+    tight = ContextBuilder(CountingTokenizer(), 400, workspace_context=True, edit_share=0.01)
+    p = tight.build((pkg / "main.py").as_uri(), MAIN, len(MAIN), (), [pkg.parent.as_uri()], edits)
+    assert "def serve" not in p.text
+
+
+def test_edited_spans_are_kept_while_typing_and_refreshed_at_the_next_cut(tmp_path):
+    """KV reuse: a new edit elsewhere does not move the prompt's start until the next cut."""
+    pkg = package(tmp_path)
+    b = ContextBuilder(CountingTokenizer(), 400, workspace_context=True)
+    key, roots = (pkg / "main.py").as_uri(), [pkg.parent.as_uri()]
+    first = b.build(key, MAIN, len(MAIN), (), roots, [((pkg / "cli.py").as_uri(), EDITED_CALLER)])
+    src, later = MAIN, [((pkg / "other.py").as_uri(), "def fresh_edit(path):\n    load_config(path)")]
+    for ch in "load_config(path)":
+        src += ch
+        p = b.build(key, src, len(src), (), roots, later)
+        assert p.text.startswith(first.text) and "fresh_edit" not in p.text
+    src = src + "\n" + "    x = 1\n" * 400 + "    y = "  # outgrows the budget: a re-cut
+    assert "fresh_edit" in b.build(key, src, len(src), (), roots, later).text
+
+
+def test_server_request_carries_the_other_documents_edits_latest_first():
+    from lsprotocol import types
+    from codespec_lsp.lsp import documents
+    from codespec_lsp.lsp.server import build_server
+
+    server = build_server(loader=lambda settings: None)
+    server.protocol._workspace = documents.Workspace("file:///ws/proj")
+    main, models = "file:///ws/proj/app/main.py", "file:///ws/proj/app/models.py"
+    for uri, text in ((main, MAIN), (models, MODELS)):
+        server.workspace.put_text_document(types.TextDocumentItem(uri, "python", 1, text))
+    load_line = MODELS.split("\n").index("def load_config(path: str) -> Config:")
+    for uri, line, version in ((models, 2, 2), (main, 5, 2), (models, load_line, 3)):
+        server.workspace.update_text_document(
+            types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            types.TextDocumentContentChangePartial(
+                range=types.Range(types.Position(line, 0), types.Position(line, 0)), text="# "))
+    req = server.request_for(main, types.Position(6, 10))
+    assert [uri for uri, _ in req.edits] == [models, models]  # main's own edit is in the file
+    assert req.edits[0][1].split("\n")[1] == "# def load_config(path: str) -> Config:"

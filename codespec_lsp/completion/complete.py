@@ -218,6 +218,7 @@ def lookup_ids(backend: Any, text: str) -> list[int]:
 def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset: int, *,
                 max_tokens: int, cancel: CancelToken | None = None, speculative: bool = True,
                 others: Sequence[tuple[str, str]] = (), roots: Sequence[str] = (),
+                edits: Sequence[tuple[str, str]] = (),
                 min_confidence: float | None = None,
                 copy_weight: float | None = None, word_bias: float | None = None,
                 exact: bool = False, deadline: float | None = None,
@@ -228,7 +229,8 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     far has something to show, `early` gets it (whole words, post-processed as the final answer
     would be, a block without its unfinished last line); the generation goes on to its end,
     which is what this returns.
-    `others`, `roots`: the open documents and workspace folders (ContextBuilder.build).
+    `others`, `roots`, `edits`: the open documents, workspace folders and spans just edited in
+    other documents (ContextBuilder.build).
     `copy_weight`, `word_bias`, `min_confidence`: None takes the model's measured value
     (`backend.scoring`, engine/scoring.py; a backend without one runs the pure target).
     `exact`: the target's own output, no copy prior and no name lean, whatever the model or the
@@ -236,7 +238,7 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     scoring = scoring_of(backend, exact, copy_weight=copy_weight, word_bias=word_bias,
                          min_confidence=min_confidence)
     copy_weight, word_bias = scoring.copy_weight, scoring.word_bias
-    prompt = builder.build(key, source, offset, others, roots)
+    prompt = builder.build(key, source, offset, others, roots, edits)
     line_prefix, line_suffix, prev_line = split_line(source, offset)
     mode = decide_mode(line_prefix, line_suffix, prev_line)
     blank_above = blank_lines_above(source, offset)
@@ -321,9 +323,9 @@ def _early_answer(deadline: float, early: Callable[[str], None],
 
 def prefill_at(backend, builder: ContextBuilder, key: str, source: str, offset: int,
                others: Sequence[tuple[str, str]] = (), cancel: CancelToken | None = None,
-               roots: Sequence[str] = ()) -> GenerationResult:
+               roots: Sequence[str] = (), edits: Sequence[tuple[str, str]] = ()) -> GenerationResult:
     """Warm-up (a file opened, an idle pause): the prompt a completion here would send, prefilled."""
-    prompt = builder.build(key, source, offset, others, roots)
+    prompt = builder.build(key, source, offset, others, roots, edits)
     ids, _ = prompt_ids(backend, prompt.text)
     return backend.prefill(ids, key=key, cancel=cancel)
 

@@ -84,10 +84,22 @@ def best_window(path: Path, key: tuple, text: str, query: frozenset[str]) -> Win
     return Window(path, start, "\n".join(text.splitlines()[start:start + WINDOW_LINES]), score)
 
 
+def query_words(prefix: str) -> frozenset[str]:
+    """The identifiers of the QUERY_LINES lines above the cursor: what a candidate is scored on."""
+    return words("\n".join(prefix.splitlines()[-QUERY_LINES:]))
+
+
+def most_similar(prefix: str, chunks: list[tuple[str, str]], limit: int) -> list[tuple[str, str]]:
+    """Up to `limit` of (name, text) `chunks`, the most like the lines above the cursor first
+    (the first of equals first); no floor: the recently edited chunks a user just wrote."""
+    query = query_words(prefix)
+    return sorted(chunks, key=lambda c: -jaccard(words(c[1]), query))[:limit]
+
+
 def similar_windows(source: WorkspaceSource, prefix: str, current: Path | None,
                     open_docs: dict[Path, str], limit: int) -> list[Window]:
     """Up to `limit` windows, one per file, the most like the lines above the cursor first."""
-    query = words("\n".join(prefix.splitlines()[-QUERY_LINES:]))
+    query = query_words(prefix)
     if not query:
         return []
     budget = Budget(time.monotonic() + TIME_BUDGET_S)

@@ -49,6 +49,7 @@ class CompletionRequest:
     offset: int                                   # cursor, in code points
     others: Sequence[tuple[str, str]] = ()        # (uri, text) of other open documents
     roots: Sequence[str] = ()                     # workspace folder URIs, for workspace context
+    edits: Sequence[tuple[str, str]] = ()         # (uri, text) just edited elsewhere, latest first
     request_id: Any = None                        # the LSP request id, for the log line
     position: tuple[int, int] | None = None       # (line, character) as the client sent it
 
@@ -353,7 +354,8 @@ class Scheduler:
             engine, builder, req.key, _clean(req.source), req.offset, max_tokens=max_tokens,
             cancel=ticket.cancel, others=[(n, _clean(t)) for n, t in req.others],
             min_confidence=settings.min_confidence, copy_weight=settings.copy_weight,
-            roots=req.roots, word_bias=settings.word_bias, exact=settings.exact,
+            roots=req.roots, edits=[(n, _clean(t)) for n, t in req.edits],
+            word_bias=settings.word_bias, exact=settings.exact,
             deadline=deadline, early=(lambda text: early((text, builder.prompt))) if early else None)
         return _Ran(result, text, builder.prompt)
 
@@ -365,7 +367,7 @@ class Scheduler:
             return prefill_at(engine, self._context_builder(engine, settings), req.key,
                               _clean(req.source), req.offset,
                               [(n, _clean(t)) for n, t in req.others], cancel=ticket.cancel,
-                              roots=req.roots)
+                              roots=req.roots, edits=[(n, _clean(t)) for n, t in req.edits])
         except Exception:
             log.debug("warm prefill failed", exc_info=True)  # only an optimisation
             return None

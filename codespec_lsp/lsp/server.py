@@ -226,8 +226,9 @@ class CodespecServer(LanguageServer):
             ([self.workspace.root_uri] if self.workspace.root_uri else [])
         # The request id and position as the client sent them: the scheduler's debug line
         # per request names them, so a client's log can be matched line for line.
+        edits = documents.edited_chunks(d for d in docs.values() if d is not doc)
         return CompletionRequest(uri, documents.clean(doc.source), offset,
-                                 others[:MAX_OTHER_DOCUMENTS], roots=roots,
+                                 others[:MAX_OTHER_DOCUMENTS], roots=roots, edits=edits,
                                  request_id=self.protocol.msg_id,
                                  position=(position.line, position.character))
 

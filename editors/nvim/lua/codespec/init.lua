@@ -22,8 +22,9 @@ M.defaults = {
   debounce_ms = 50,
   -- Server settings, sent as initializationOptions and on :CodespecRestart; camelCase as the
   -- server reads them: preset, draft, target, device, maxTokens, debounceMs, timeBudgetMs, contextTokens, enable,
-  -- workspaceContext (default true: definitions of imported names, and the most similar lines of
-  -- another file, from the open buffers and the root_markers folder; false: off).
+  -- workspaceContext (default true: definitions of imported names, the most similar lines of
+  -- another file, from the open buffers and the root_markers folder, and the lines last edited
+  -- in other buffers; false: off).
   settings = {},
   -- false disables one; accept falls back to the key's own meaning when nothing is shown.
   keymaps = {
