@@ -213,6 +213,15 @@ def test_lines_added_or_removed_above_move_a_span_and_touching_changes_join_it()
     assert spans(doc)[-1] == (5, 6) and (5, 5) not in spans(doc)
 
 
+def test_a_change_between_two_spans_joins_both():
+    doc = documents.Document("file:///t.py", "a\nb\nc\nd\ne\nf\n")
+    doc.apply_change(change(1, 1, 1, 1, "x"))
+    doc.apply_change(change(3, 1, 3, 1, "y"))
+    assert spans(doc) == [(1, 1), (3, 3)]
+    doc.apply_change(change(2, 1, 2, 1, "z"))
+    assert spans(doc) == [(1, 3)]
+
+
 def test_an_inserted_line_is_its_own_span_not_the_line_after_it():
     doc = documents.Document("file:///t.py", "a\nb\nc\nd\ne\n")
     doc.apply_change(change(3, 1, 3, 1, "\nnew"))

@@ -162,7 +162,7 @@ class Document(TextDocument):
             elif a > old_last + 1:
                 kept.append([a + shift, b + shift, order])
             else:  # touching: one span, as recent as this change
-                span[0], span[1] = min(a, first), max(b + shift if b > old_last else new_last, new_last)
+                span[0], span[1] = min(span[0], a), max(span[1], b + shift if b > old_last else new_last)
         self.edited = (kept + [span])[-MAX_EDITED_SPANS:]
 
     def _apply_incremental_change(self, change: types.TextDocumentContentChangePartial) -> None:
