@@ -353,9 +353,8 @@ class Scheduler:
         result, text = complete_at(
             engine, builder, req.key, _clean(req.source), req.offset, max_tokens=max_tokens,
             cancel=ticket.cancel, others=[(n, _clean(t)) for n, t in req.others],
-            min_confidence=settings.min_confidence, copy_weight=settings.copy_weight,
-            roots=req.roots, edits=[(n, _clean(t)) for n, t in req.edits],
-            word_bias=settings.word_bias, exact=settings.exact,
+            min_confidence=settings.min_confidence, copy_weight=settings.copy_weight, roots=req.roots,
+            edits=[(n, _clean(t)) for n, t in req.edits], word_bias=settings.word_bias, exact=settings.exact,
             deadline=deadline, early=(lambda text: early((text, builder.prompt))) if early else None)
         return _Ran(result, text, builder.prompt)
 
