@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from codespec_lsp.completion.retrieval import most_similar, similar_windows
 from codespec_lsp.completion.workspace import (IMPORT_STATEMENT, Definition, WorkspaceSource,
@@ -189,27 +189,26 @@ class ContextBuilder:
         """The retrieved windows, the most similar last (nearest the file), within window_share."""
         if not self.context_windows:
             return ""
-        blocks, used, limit = [], 0, int(self.budget * self.window_share)
-        for w in similar_windows(self._workspace, prefix, to_path(key), open_docs,
-                                 self.context_windows):
-            block = self._block(w.path, self._in_form(w.text))
-            n = self.count_tokens(block)
-            if used + n <= limit:
-                blocks.append(block)
-                used += n
-        return "".join(reversed(blocks))
+        found = similar_windows(self._workspace, prefix, to_path(key), open_docs, self.context_windows)
+        return self._fit((self._block(w.path, self._in_form(w.text)) for w in found), self.window_share)
 
     def _edited(self, prefix: str, edits: Sequence[tuple[str, str]]) -> str:
         """The edited spans most like the lines above the cursor, the most similar last, within
         edit_share."""
-        blocks, used, limit = [], 0, int(self.budget * self.edit_share)
-        for name, text in most_similar(prefix, list(edits), self.edit_chunks):
-            block = self._block(to_path(name) or Path(name), self._in_form(text))
+        chosen = most_similar(prefix, list(edits), self.edit_chunks)
+        return self._fit((self._block(to_path(name) or Path(name), self._in_form(text))
+                          for name, text in chosen), self.edit_share)
+
+    def _fit(self, blocks: Iterable[str], share: float) -> str:
+        """Of `blocks` (the most wanted first), each that still fits in `share` of the budget,
+        the most wanted last: nearest the file."""
+        kept, used, limit = [], 0, int(self.budget * share)
+        for block in blocks:
             n = self.count_tokens(block)
             if used + n <= limit:
-                blocks.append(block)
+                kept.append(block)
                 used += n
-        return "".join(reversed(blocks))
+        return "".join(reversed(kept))
 
     def _shown_path(self, path: Path) -> str:
         for root in self._workspace.roots:
