@@ -263,3 +263,15 @@ def test_a_long_span_shows_its_first_lines_and_one_line_either_side():
     lines = text.split("\n")
     assert lines[0] == "top" and lines[1] == "line0"
     assert len(lines) == documents.EDITED_CHUNK_LINES + 2
+
+
+@pytest.mark.parametrize("eol", ["\r", "\r\n"])
+def test_spans_count_every_lsp_line_break(eol):
+    doc = documents.Document("file:///t.py", eol.join("abcdef") + eol)
+    doc.apply_change(change(3, 1, 3, 1, "x"))             # d -> dx
+    doc.apply_change(change(0, 0, 0, 0, f"n1{eol}n2{eol}"))  # two lines above move it down two
+    assert spans(doc) == [(5, 5), (0, 1)]
+    doc.apply_change(change(5, 2, 5, 2, f"{eol}new"))     # a line inserted after dx joins it
+    assert spans(doc)[-1] == (5, 6)
+    (_, text), *_ = documents.edited_chunks([doc])
+    assert text == f"c{eol}dx{eol}new{eol}e"

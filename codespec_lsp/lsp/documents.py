@@ -149,8 +149,8 @@ class Document(TextDocument):
         at each end (the same for a whole-document change as for a range); spans below it move
         with the lines added or removed, spans it touches join it."""
         start = _common_prefix(old, new)
-        tail = _common_prefix(old[start:][::-1], new[start:][::-1])
-        first = old.count("\n", 0, start)
+        tail = _common_suffix(old, new, min(len(old), len(new)) - start)
+        first = _breaks(old, 0, start)
         old_last, old_breaks = _last_line(old, start, len(old) - tail, first)
         new_last, new_breaks = _last_line(new, start, len(new) - tail, first)
         shift = new_breaks - old_breaks
@@ -181,8 +181,17 @@ class Document(TextDocument):
 def _last_line(text: str, start: int, end: int, first: int) -> tuple[int, int]:
     """(the last line text[start:end] touches, starting on line `first`; the breaks it holds).
     A region that ends with its line break does not touch the line after it."""
-    breaks = text.count("\n", start, end)
-    return first + max(breaks - (end > start and text[end - 1] == "\n"), 0), breaks
+    breaks = _breaks(text, start, end)
+    return first + max(breaks - (end > start and text[end - 1] in "\r\n"), 0), breaks
+
+
+def _breaks(text: str, start: int, end: int) -> int:
+    """The line breaks in text[start:end], "\\r\\n" one, a lone "\\r" one (str.count, not a
+    regex: this runs on every change of documents of any size)."""
+    lf = text.count("\n", start, end)
+    if "\r" not in text:
+        return lf
+    return lf + text.count("\r", start, end) - text.count("\r\n", start, end)
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -191,6 +200,18 @@ def _common_prefix(a: str, b: str) -> int:
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    """len of the longest common suffix, at most `limit`: the halving steps of _common_prefix."""
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid:len(a) - lo] == b[len(b) - mid:len(b) - lo]:
             lo = mid
         else:
             hi = mid - 1
