@@ -85,6 +85,14 @@ class TestBrackets:
     def test_single_line_gets_missing_closers(self):
         assert balance_brackets("foo(bar[1") == "foo(bar[1])"
 
+    def test_single_line_ending_with_an_opener_stays_open(self):
+        # smol mid-line: `from openai.types.realtime.conversation_item import (` then the names
+        # on the next lines; closing it showed `import ()`
+        assert balance_brackets("time.conversation_item import (") == \
+            "time.conversation_item import ("
+        assert finalize("time.item import (\n    Item,\n)", "from openai.types.real", "",
+                        Mode(False, 0)) == "time.item import ("
+
     def test_multi_line_cut_back_to_balanced_line(self):
         assert balance_brackets("a = 1\nb = foo(\n  2,") == "a = 1"
 

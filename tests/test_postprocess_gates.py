@@ -253,3 +253,29 @@ class TestTruncated:
         assert drop_unfinished_line("\n    value = comp") == "\n    value = comp"
         assert finalize("value = total_of", "    ", "", Mode(False, 0), truncated=True) == "value = total_of"
         assert finalize("value = total_of", "    ", "", Mode(True, 4), truncated=True) == "value = total_of"
+
+
+class TestGrownLines:
+    def test_a_line_grown_by_a_copy_of_its_last_unit_is_a_loop(self):
+        # smol on strands-agents, after `    from ...types.agent import LocalAgent`
+        raw = ("from ...types.agent import LocalAgentType\n"
+               "    from ...types.agent import LocalAgentTypeType\n"
+               "    from ...types.agent import LocalAgentTypeTypeType")
+        assert finalize(raw, "    ", "", Mode(True, 4)) == "from ...types.agent import LocalAgentType"
+        assert find_loop("def test_load(self):\n\ndef test_load_load(self):") == \
+            len("def test_load(self):")
+
+    @pytest.mark.parametrize("text", [
+        "x = np.zeros((n, n))\nx = np.zeros((n, n, n))",  # one letter a unit: data
+        "def test_load(self):\ndef test_load_all(self):",   # a new word, not the last one again
+        "self.a.b = 1\nself.a.b.c = 1",
+    ])
+    def test_a_line_that_grows_by_new_text_is_not_a_loop(self, text):
+        assert find_loop(text) is None
+
+
+def test_a_line_of_symbols_three_times_is_a_loop_twice_is_not():
+    # smol in a docstring of openai-agents' apply_diff.py: 23 lines of `^`
+    assert finalize("^\n        ^\n        ^\n        ^", "        ", "", Mode(True, 8)) == "^"
+    assert find_loop("    )\n    )") is None
+    assert find_loop("x = [\n    0,\n    0,\n    0,\n]") is None

@@ -28,6 +28,7 @@ Gates (compare Tabby's and Continue's completion filters):
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -228,8 +229,10 @@ def trim_suffix_overlap(text: str, line_prefix: str, suffix: str) -> str:
 def balance_brackets(text: str) -> str:
     """Close what the suggestion itself opened but did not close (generation was cut short).
 
-    One line: append the missing closers. Several lines: cut back to the last line end at which
-    the suggestion's own brackets were balanced, since guessing a multi-line closer's indentation
+    One line: append the missing closers, unless it ends with an opener: what goes inside is on
+    the lines the model wrote next (`from m import (`), and an empty pair (`import ()`) would be
+    a guess, often not even code. Several lines: cut back to the last line end at which the
+    suggestion's own brackets were balanced, since guessing a multi-line closer's indentation
     would more often be wrong than right.
     """
     stack: list[str] = []
@@ -251,7 +254,8 @@ def balance_brackets(text: str) -> str:
     if not stack:
         return text
     if "\n" not in text:
-        return text.rstrip() + "".join(reversed(stack))
+        line = text.rstrip()
+        return line if line[-1] in OPENERS else line + "".join(reversed(stack))
     return text[:last_balanced_nl] if last_balanced_nl >= 0 else text.split("\n", 1)[0]
 
 
@@ -261,13 +265,12 @@ def strip_trailing_whitespace(text: str) -> str:
 
 def _line_loop_end(lines: list[str], starts: list[int], line_prefix: str) -> int | None:
     """End of the first copy when the same non-blank line, or group of up to 3, comes twice in a
-    row (blank lines between them aside), indentation included (`try:` inside `try:` is code),
+    row (three times for a line without a letter or digit; blank lines between them aside),
+    indentation included (`try:` inside `try:` is code),
     a list item's number aside (`4. A module …`, `5. A module …`: see _LIST_NUMBER).
     The first line is taken as shown: after the cursor line's text, without indentation of its
     own when the cursor stands in the indentation (strip_doubled_indent)."""
-    first = line_prefix + (lines[0].lstrip(" \t") if not line_prefix.strip() else lines[0])
-    full = [_LIST_NUMBER.sub(r"\1#\2", line)
-            for line in [first] + [line.rstrip() for line in lines[1:]]]
+    full = [_LIST_NUMBER.sub(r"\1#\2", line) for line in _as_shown(lines, line_prefix)]
     rows = [i for i, line in enumerate(lines) if line.strip()]
     for k in (1, 2, 3):
         for j in range(len(rows) - 2 * k + 1):
@@ -276,6 +279,39 @@ def _line_loop_end(lines: list[str], starts: list[int], line_prefix: str) -> int
                     _LETTER.search(_ESCAPE.sub("", "".join(lines[a] for a in group))):
                 last = group[-1]
                 return starts[last] + len(lines[last])
+    # A line of symbols alone (`^`, `)`) comes twice in code that closes or underlines, and three
+    # times at one indentation in none: smol wrote 23 `^` lines in a docstring.
+    for a, b, c in zip(rows, rows[1:], rows[2:]):
+        if full[a] == full[b] == full[c] and not re.search(r"\w", full[a]):
+            return starts[a] + len(lines[a])
+    return None
+
+
+def _as_shown(lines: list[str], line_prefix: str) -> list[str]:
+    """The suggestion's lines as they will read, trailing blanks aside: the first after the cursor
+    line's text, without indentation of its own when the cursor stands in the indentation
+    (strip_doubled_indent)."""
+    first = line_prefix + (lines[0].lstrip(" \t") if not line_prefix.strip() else lines[0])
+    return [first] + [line.rstrip() for line in lines[1:]]
+
+
+def _grown_line(lines: list[str], starts: list[int], line_prefix: str) -> int | None:
+    """End of the line before the first line that is the non-blank line above it with a unit
+    written once more right after itself (`import LocalAgentType` then `import
+    LocalAgentTypeType`): smol's loop across lines, which no line- or unit-repeat rule sees. A
+    unit holds two letters or more, so `(n, n)` growing to `(n, n, n)` is code."""
+    shown = _as_shown(lines, line_prefix)
+    rows = [i for i, line in enumerate(lines) if line.strip()]
+    for above, row in zip(rows, rows[1:]):
+        a, b = shown[above], shown[row]
+        grown = len(b) - len(a)
+        if not 2 <= grown <= 40:
+            continue
+        at = min(len(os.path.commonprefix([a, b])), len(a))
+        unit = b[at:at + grown]
+        if b[at + grown:] == a[at:] and a[max(at - grown, 0):at] == unit and \
+                len(_LETTER.findall(unit)) >= 2:
+            return starts[above] + len(lines[above])
     return None
 
 
@@ -318,6 +354,7 @@ def find_loop(text: str, line_prefix: str = "") -> int | None:
       the line showed 0.81, with more similarity; keeping the loop's first copy, the earlier
       rule, scored the same within noise);
     - such a loop on a later line: that whole line goes (a half line would end the block);
+    - a line that is the one above it with a unit written once more (_grown_line): kept once;
     - a run of one symbol after code on its line (_SYMBOL_RUN), cut or dropped the same way.
     """
     lines = text.split("\n")
@@ -329,9 +366,9 @@ def find_loop(text: str, line_prefix: str = "") -> int | None:
     if run is not None:
         row, col = run
         cuts.append(col if row == 0 else starts[row] - 1)
-    end = _line_loop_end(lines, starts, line_prefix)
-    if end is not None:
-        cuts.append(end)
+    for end in (_line_loop_end(lines, starts, line_prefix), _grown_line(lines, starts, line_prefix)):
+        if end is not None:
+            cuts.append(end)
     loop = _unit_loop(lines)
     if loop is not None:
         row, col = loop
