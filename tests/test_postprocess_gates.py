@@ -279,3 +279,21 @@ def test_a_line_of_symbols_three_times_is_a_loop_twice_is_not():
     assert finalize("^\n        ^\n        ^\n        ^", "        ", "", Mode(True, 8)) == "^"
     assert find_loop("    )\n    )") is None
     assert find_loop("x = [\n    0,\n    0,\n    0,\n]") is None
+
+
+def test_a_line_again_after_one_other_at_its_indentation_ends_the_suggestion_after_both():
+    # smol on gepa: a keyword argument given twice, a comment written again
+    raw = ("new_program_idx=new_program_idx,\n                new_program=new_program,\n"
+           "                new_program_idx=new_program_idx,")
+    assert finalize(raw, "                ", "", Mode(True, 16)) == \
+        "new_program_idx=new_program_idx,\n                new_program=new_program,"
+    assert find_loop("# Stats\nstats = get()\n\n# Stats") == len("# Stats\nstats = get()")
+    assert find_loop("if a:\n    f()\nelse:\n    f()") is None  # another block, not a loop
+
+
+def test_a_run_of_one_symbol_unit_eight_times_is_a_loop():
+    # smol at a docstring's line start on deepagents
+    assert find_loop("1.0.0.1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0") is not None
+    for data in ("x = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]", "v = '1.0.0.0'", "x = 0,0,0,0,0,0,0,0,0,0"):
+        assert find_loop(data) is None
+
