@@ -248,9 +248,28 @@ class TestTruncated:
         ended = raw + "\n    return total"  # the dedent ended the block: nothing was cut short
         assert finalize(ended, "        ", "", Mode(True, 8), truncated=True) == raw
 
+    @pytest.mark.parametrize("raw, shown", [
+        # smol's truncated blocks on gepa and a2a-sdk: each ended on a line that only opens
+        ("@abstractmethod\n    def best(self) -> int:\n        ...\n\n    @abstractmethod\n    def wo",
+         "@abstractmethod\n    def best(self) -> int:\n        ..."),
+        (')\n\n    if provided:\n        if provided is not None:\n            x = comp',
+         ")"),
+        ('"""\n    Flows.\n    """\n    type: str = "oauth2"\n    """\n    The ty',
+         '"""\n    Flows.\n    """\n    type: str = "oauth2"'),
+    ])
+    def test_lines_that_open_what_the_cut_left_out_go_too(self, raw, shown):
+        assert finalize(raw, "    ", "", Mode(True, 4), truncated=True) == shown
+
+    def test_a_docstring_with_its_text_is_kept_and_a_block_that_ended_keeps_its_header(self):
+        raw = '"""Handle a stream.\n\n        Args:\n            request: the request.\n            cont'
+        assert finalize(raw, "        ", "", Mode(True, 8), truncated=True) == \
+            '"""Handle a stream.\n\n        Args:\n            request: the request.'
+        assert finalize("x = 1\n    if x:", "    ", "", Mode(True, 4)) == "x = 1\n    if x:"
+
     def test_the_first_line_is_never_dropped(self):
         assert drop_unfinished_line("value = compute(a, b") == "value = compute(a, b"
         assert drop_unfinished_line("\n    value = comp") == "\n    value = comp"
+        assert drop_unfinished_line("if ready:\n    @cache\n    def f") == "if ready:"
         assert finalize("value = total_of", "    ", "", Mode(False, 0), truncated=True) == "value = total_of"
         assert finalize("value = total_of", "    ", "", Mode(True, 4), truncated=True) == "value = total_of"
 

@@ -493,9 +493,26 @@ def trim_blank_lead(text: str, line_prefix: str, blank_above: int) -> str:
 def drop_unfinished_line(text: str) -> str:
     """`text` without its last line when a line with code comes before it: cut by the token
     limit, the last line may end mid-word or mid-expression, and accepted it would leave broken
-    code to mend. (GitLab's AI gateway trims a truncated code suggestion back too.)"""
+    code to mend. (GitLab's AI gateway trims a truncated code suggestion back too.) Then without
+    the lines at its end that open what the cut left out (_opens_more): a decorator, a header
+    ending in `:`, a docstring's opening quotes; the first line always stays."""
     last = text.rfind("\n")
-    return text[:last] if last > 0 and text[:last].strip() else text
+    text = text[:last] if last > 0 and text[:last].strip() else text
+    while (last := text.rfind("\n")) > 0 and _opens_more(text[last + 1:], text) and \
+            text[:last].strip():
+        text = text[:last].rstrip()
+    return text
+
+
+def _opens_more(line: str, text: str) -> bool:
+    """Whether `line`, the last of `text`, only opens what comes after it: smol's truncated
+    blocks ended on `@abstractmethod`, on `if x:` and on a docstring's `\"\"\"`."""
+    code = line.strip()
+    if code.startswith("@") or code.endswith(":"):
+        return True
+    quote = next((q for q in ('"""', "'''") if q in code), None)
+    return quote is not None and code.count(quote) == 1 and text.count(quote) % 2 == 1 and \
+        code.endswith(quote)
 
 
 def blank_lines_above(source: str, offset: int) -> int:
