@@ -254,8 +254,9 @@ class TestTruncated:
          "@abstractmethod\n    def best(self) -> int:\n        ..."),
         (')\n\n    if provided:\n        if provided is not None:\n            x = comp',
          ")"),
-        ('"""\n    Flows.\n    """\n    type: str = "oauth2"\n    """\n    The ty',
-         '"""\n    Flows.\n    """\n    type: str = "oauth2"'),
+        ('x = 1\n    def f(self):\n        """\n        Ret', "x = 1"),
+        # after prose, quotes may close the prompt's docstring: they stay
+        ('the value.\n    """\n    return x +', 'the value.\n    """'),
     ])
     def test_lines_that_open_what_the_cut_left_out_go_too(self, raw, shown):
         assert finalize(raw, "    ", "", Mode(True, 4), truncated=True) == shown

@@ -498,21 +498,19 @@ def drop_unfinished_line(text: str) -> str:
     ending in `:`, a docstring's opening quotes; the first line always stays."""
     last = text.rfind("\n")
     text = text[:last] if last > 0 and text[:last].strip() else text
-    while (last := text.rfind("\n")) > 0 and _opens_more(text[last + 1:], text) and \
+    while (last := text.rfind("\n")) > 0 and _opens_more(text[last + 1:], text[:last]) and \
             text[:last].strip():
         text = text[:last].rstrip()
     return text
 
 
-def _opens_more(line: str, text: str) -> bool:
-    """Whether `line`, the last of `text`, only opens what comes after it: smol's truncated
-    blocks ended on `@abstractmethod`, on `if x:` and on a docstring's `\"\"\"`."""
+def _opens_more(line: str, before: str) -> bool:
+    """Whether `line`, after `before`, only opens what comes after it: smol's truncated blocks
+    ended on `@abstractmethod`, on `if x:` and on a docstring's opening quotes under its header.
+    Quotes after anything else stay: after prose they may be the closing ones of the prompt's."""
     code = line.strip()
-    if code.startswith("@") or code.endswith(":"):
-        return True
-    quote = next((q for q in ('"""', "'''") if q in code), None)
-    return quote is not None and code.count(quote) == 1 and text.count(quote) % 2 == 1 and \
-        code.endswith(quote)
+    return code.startswith("@") or code.endswith(":") or \
+        (code in ('"""', "'''") and before.rstrip().endswith(":"))
 
 
 def blank_lines_above(source: str, offset: int) -> int:
