@@ -132,6 +132,11 @@ def _clean(text: str) -> str:
         return text.encode("utf-8", "replace").decode("utf-8")
 
 
+def _clean_all(named: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(name, text) pairs with each text _clean."""
+    return [(name, _clean(text)) for name, text in named]
+
+
 class Scheduler:
     def __init__(self, host: EngineHost, settings: Callable[[], Settings], *,
                  stats: RequestStats | None = None,
@@ -352,9 +357,9 @@ class Scheduler:
         builder = _Recording(self._context_builder(engine, settings))
         result, text = complete_at(
             engine, builder, req.key, _clean(req.source), req.offset, max_tokens=max_tokens,
-            cancel=ticket.cancel, others=[(n, _clean(t)) for n, t in req.others],
+            cancel=ticket.cancel, others=_clean_all(req.others),
             min_confidence=settings.min_confidence, copy_weight=settings.copy_weight, roots=req.roots,
-            edits=[(n, _clean(t)) for n, t in req.edits], word_bias=settings.word_bias, exact=settings.exact,
+            edits=_clean_all(req.edits), word_bias=settings.word_bias, exact=settings.exact,
             deadline=deadline, early=(lambda text: early((text, builder.prompt))) if early else None)
         return _Ran(result, text, builder.prompt)
 
@@ -365,8 +370,8 @@ class Scheduler:
         try:
             return prefill_at(engine, self._context_builder(engine, settings), req.key,
                               _clean(req.source), req.offset,
-                              [(n, _clean(t)) for n, t in req.others], cancel=ticket.cancel,
-                              roots=req.roots, edits=[(n, _clean(t)) for n, t in req.edits])
+                              _clean_all(req.others), cancel=ticket.cancel, roots=req.roots,
+                              edits=_clean_all(req.edits))
         except Exception:
             log.debug("warm prefill failed", exc_info=True)  # only an optimisation
             return None
