@@ -297,10 +297,6 @@ def _line_loop_end(lines: list[str], starts: list[int], line_prefix: str) -> int
     return None
 
 
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip())
-
-
 def _as_shown(lines: list[str], line_prefix: str) -> list[str]:
     """The suggestion's lines as they will read, trailing blanks aside: the first after the cursor
     line's text, without indentation of its own when the cursor stands in the indentation
