@@ -227,7 +227,7 @@ def edited_chunks(docs: Iterable[Document], limit: int = MAX_EDITED_SPANS) -> li
     for _, a, b, doc in spans:
         chunk = span_text(doc.lines, a, b)  # lines are kept until the document changes
         if chunk.strip():
-            out.append((doc.uri, clean(chunk)))
+            out.append((doc.uri, chunk))
     return out
 
 

@@ -33,6 +33,7 @@ from codespec_lsp.config import Settings, default_context_tokens
 from codespec_lsp.completion.context import ContextBuilder, Prompt
 from codespec_lsp.engine.api import GenerationResult
 from codespec_lsp.lsp.cache import CompletionCache
+from codespec_lsp.lsp.documents import clean
 from codespec_lsp.lsp.host import EngineHost
 from codespec_lsp.lsp.supersede import CANCELLED, Supersede, Ticket
 from codespec_lsp.completion.rhythm import Rhythm
@@ -121,20 +122,9 @@ def _first(*futures: asyncio.Future) -> asyncio.Future:
     return asyncio.ensure_future(asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED))
 
 
-def _clean(text: str) -> str:
-    """Text the tokenizer accepts: a lone surrogate (an editor can send one) becomes "?", one
-    code point for one, so offsets still hold. Checked, not always replaced: encoding is cheap,
-    copying every open document on every keystroke is not."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-
-
 def _clean_all(named: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(name, text) pairs with each text _clean."""
-    return [(name, _clean(text)) for name, text in named]
+    """(name, text) pairs with each text made safe for the tokenizer (documents.clean)."""
+    return [(name, clean(text)) for name, text in named]
 
 
 class Scheduler:
@@ -356,7 +346,7 @@ class Scheduler:
             return _Ran(None)  # overtaken while queued: no forward spent
         builder = _Recording(self._context_builder(engine, settings))
         result, text = complete_at(
-            engine, builder, req.key, _clean(req.source), req.offset, max_tokens=max_tokens,
+            engine, builder, req.key, clean(req.source), req.offset, max_tokens=max_tokens,
             cancel=ticket.cancel, others=_clean_all(req.others),
             min_confidence=settings.min_confidence, copy_weight=settings.copy_weight, roots=req.roots,
             edits=_clean_all(req.edits), word_bias=settings.word_bias, exact=settings.exact,
@@ -369,7 +359,7 @@ class Scheduler:
             return None
         try:
             return prefill_at(engine, self._context_builder(engine, settings), req.key,
-                              _clean(req.source), req.offset,
+                              clean(req.source), req.offset,
                               _clean_all(req.others), cancel=ticket.cancel, roots=req.roots,
                               edits=_clean_all(req.edits))
         except Exception:

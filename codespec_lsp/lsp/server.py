@@ -218,16 +218,15 @@ class CodespecServer(LanguageServer):
             log.info("position %s:%s is past the end of %s", position.line,
                      position.character, uri)
             return None
-        # Text bound for the tokenizer: a lone surrogate in one document must not break
-        # completions everywhere (`clean` keeps offsets).
+        # The text as the client sent it: the scheduler makes what goes to the tokenizer safe.
         docs = self.workspace.text_documents
-        others = [(u, documents.clean(d.source)) for u, d in docs.items() if d is not doc]
+        others = [(u, d.source) for u, d in docs.items() if d is not doc]
         roots = [f.uri for f in self.workspace.folders.values()] or \
             ([self.workspace.root_uri] if self.workspace.root_uri else [])
         # The request id and position as the client sent them: the scheduler's debug line
         # per request names them, so a client's log can be matched line for line.
         edits = documents.edited_chunks(d for d in docs.values() if d is not doc)
-        return CompletionRequest(uri, documents.clean(doc.source), offset,
+        return CompletionRequest(uri, doc.source, offset,
                                  others[:MAX_OTHER_DOCUMENTS], roots=roots, edits=edits,
                                  request_id=self.protocol.msg_id,
                                  position=(position.line, position.character))
