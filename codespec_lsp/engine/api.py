@@ -10,7 +10,7 @@ completion layer and handed in as a TokenConstraint: the backends apply them, ne
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -42,6 +42,12 @@ class CancelToken:
     @property
     def cancelled(self) -> bool:
         return self._event.is_set()
+
+
+def cancel_check(cancel: CancelToken | None) -> Callable[[], bool]:
+    """A check for the loops that take an optional token (KV.prefill's `cancelled`): without a
+    token, never cancelled."""
+    return (lambda: cancel.cancelled) if cancel is not None else (lambda: False)
 
 
 @dataclass

@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedModel
 
 from codespec_lsp.engine import hf
-from codespec_lsp.engine.api import CancelToken
+from codespec_lsp.engine.api import CancelToken, cancel_check
 from codespec_lsp.engine.kvcache import KV, PrefixCache, common_prefix_len
 from codespec_lsp.engine.speculative import adjust_probs, sample
 
@@ -150,12 +150,12 @@ class ModelDrafter:
         kv.crop(min(common_prefix_len(kv.ids, tokens), len(tokens) - 1))
         todo = tokens[len(kv):upto]
         self.forwards += -(-len(todo) // self.prefill_chunk)
-        return kv.prefill(todo, self.prefill_chunk, lambda: cancel is not None and cancel.cancelled)
+        return kv.prefill(todo, self.prefill_chunk, cancel_check(cancel))
 
     def propose(self, tokens: list[int], k: int, sampling: Sampling | None,
                 cancel: CancelToken | None) -> Proposal:
         kv = self.kv
-        is_cancelled = (lambda: cancel is not None and cancel.cancelled)
+        is_cancelled = cancel_check(cancel)
         # Only a long catch-up (a new prompt the prefill did not bring) runs on its own; the rest
         # rides with the first draft forward, so a step costs k draft forwards, not k + 1.
         if not self.catch_up(tokens, len(tokens) - self.prefill_chunk, cancel):

@@ -31,7 +31,7 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
 from codespec_lsp.engine import hf, pairing
-from codespec_lsp.engine.api import CancelToken, ModelLoadError
+from codespec_lsp.engine.api import CancelToken, ModelLoadError, cancel_check
 from codespec_lsp.engine.drafters import Proposal, Sampling
 from codespec_lsp.engine.kvcache import KV, common_prefix_len
 from codespec_lsp.engine.speculative import adjust_probs, sample
@@ -230,7 +230,7 @@ class EagleDrafter:
         state = self.catch_up(tokens, cancel) if k > 0 else None
         if state is None:
             return Proposal([], None)  # nothing the head could read yet, or cancelled
-        is_cancelled = (lambda: cancel is not None and cancel.cancelled)
+        is_cancelled = cancel_check(cancel)
         for token in tokens[have + 1:]:  # the prompt's tail the target has not run yet
             state = self._advance(token, state)
         drafted, probs, runners_up = [], [], []

@@ -32,7 +32,7 @@ import torch
 from codespec_lsp.engine import hf
 from codespec_lsp.engine.adaptive import KController, VerifyTimes  # noqa: F401 (KController re-exported)
 from codespec_lsp.engine.api import (CancelToken, Generation, GenerationError, GenerationResult,
-                                     TokenConstraint, document_start_id, end_token_ids,
+                                     TokenConstraint, cancel_check, document_start_id, end_token_ids,
                                      fim_tokens_of, token_texts)
 from codespec_lsp.engine.copy_prior import CopyPrior
 from codespec_lsp.engine.drafters import Drafter, ModelDrafter, NgramDrafter, Sampling
@@ -185,7 +185,7 @@ class Engine:
         when a file is opened, so the first completion there pays only for what was typed since."""
         started = time.perf_counter()
         seq = self.fit(ids, reserve=PREFILL_RESERVE)
-        is_cancelled = (lambda: cancel is not None and cancel.cancelled)
+        is_cancelled = cancel_check(cancel)
         result = GenerationResult(stop_reason="max_tokens")
         stores = [self.target_cache]
         if self.draft_model is not None:
