@@ -257,6 +257,12 @@ class TestTruncated:
         ('x = 1\n    def f(self):\n        """\n        Ret', "x = 1"),
         # after prose, quotes may close the prompt's docstring: they stay
         ('the value.\n    """\n    return x +', 'the value.\n    """'),
+        # google-adk: the operand of the `+` was on the line the cut dropped
+        ("})\n_MIME_TYPES = _SUBTYPES +\n    _GEMINI_", "})"),
+        ("x = 1\n    y = compute(a) \\\n        and", "x = 1"),
+        # prose and star imports end on `.` and `*`: not operators
+        ("from m import *\n    x = comp", "from m import *"),
+        ("# the range is 1 -\n    x = comp", "# the range is 1 -"),
     ])
     def test_lines_that_open_what_the_cut_left_out_go_too(self, raw, shown):
         assert finalize(raw, "    ", "", Mode(True, 4), truncated=True) == shown
@@ -271,6 +277,7 @@ class TestTruncated:
         assert drop_unfinished_line("value = compute(a, b") == "value = compute(a, b"
         assert drop_unfinished_line("\n    value = comp") == "\n    value = comp"
         assert drop_unfinished_line("if ready:\n    @cache\n    def f") == "if ready:"
+        assert drop_unfinished_line("total = first +\n    sec") == "total = first +"
         assert finalize("value = total_of", "    ", "", Mode(False, 0), truncated=True) == "value = total_of"
         assert finalize("value = total_of", "    ", "", Mode(True, 4), truncated=True) == "value = total_of"
 
@@ -317,3 +324,39 @@ def test_a_run_of_one_symbol_unit_eight_times_is_a_loop():
     for data in ("x = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]", "v = '1.0.0.0'", "x = 0,0,0,0,0,0,0,0,0,0"):
         assert find_loop(data) is None
 
+
+
+def test_a_phrase_two_and_a_half_times_is_a_loop_twice_is_not():
+    # smol in a comment on google-adk: the line holding the loop goes, the line above stays
+    raw = ("# - ``x`` is a function_response\n"
+           "#   that returns a function_response that is a function_response that is a function_response")
+    assert finalize(raw, "", "", Mode(True, 0)) == "# - ``x`` is a function_response"
+    # code says a phrase twice; symbols in the unit are _UNIT_RUN's business (3.5 copies)
+    for code in ("if previous_identity is None or identity is None or previous_identity != identity:",
+                 "assert greeting == 'Hello Bob Hello Bob Hello Bob '",
+                 "def f() -> tuple[str | None, str | None, str | None]:"):
+        assert find_loop(code) is None
+
+
+def test_a_loop_that_starts_inside_a_word_keeps_the_word_whole():
+    # smol on openai-agents: cut where the loop starts it showed `# \`on`
+    assert finalize("# `on_delete_delete_delete_delete_delete", "    ", "", Mode(False, 0)) == "# `on_delete"
+    assert finalize("x = fooBarBarBarBarBar", "    ", "", Mode(False, 0)) == "x = fooBar"
+    assert finalize("self.run_run_run_run_run()", "    ", "", Mode(False, 0)) == "self."  # after a dot
+
+
+def test_a_keyword_given_twice_in_one_list_ends_the_suggestion():
+    # smol on google-adk, in one call: a SyntaxError from the second copy on
+    raw = ('method=method,\n            signature=method,\n            signature_type="v2",\n'
+           '            signature_type="v4",\n            signature_type="v2v",')
+    assert finalize(raw, "            ", "", Mode(True, 12)) == \
+        'method=method,\n            signature=method,\n            signature_type="v2",'
+    params = "self,\n    path: Path,\n    user: str | None = None,\n    path: str = '',\n) -> None:"
+    assert find_loop(params, "    ") == params.index("\n    path: str")
+    for code in (
+        "x = f(\n    a=1,\n    b=2,\n)\ny = f(\n    a=1,\n    b=2,\n)",           # two calls
+        "polling = check(a,\n                 b)\npolling = check(c,\n                 d)",
+        "[\n    lambda: f(x=1),\n    lambda: f(x=2),\n]",                          # lambdas
+        "f(a=1,\n  b=2)\ng(a=1,\n  b=2)",
+    ):
+        assert find_loop(code) is None

@@ -65,6 +65,15 @@ MIN_LOOP_COPIES = 3.5
 # library and the context packages 3 lines hold one (a regex, a test's digits, an ip6.arpa name).
 _SYMBOL_UNIT = re.compile(r"[^\sA-Za-z,]+")
 MIN_SYMBOL_UNIT_COPIES = 8
+# A phrase of three words or more, words only, loops at 2.5 copies: smol's `a function_response
+# that is a function_response that is a function_response` in a comment. Code repeats such a
+# phrase twice (`x is None or y is None or`), and in 1.37 M lines of the standard library and the
+# context packages never two and a half times; its longer repeats hold symbols
+# (`str | None, str | None, str | None`) and are left to _UNIT_RUN.
+_PHRASE_RUN = re.compile(r"(.{10,60}?)\1+")
+_PHRASE = re.compile(r"[\w\s'.-]+")
+MIN_PHRASE_COPIES = 2.5
+MIN_PHRASE_WORDS = 3
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|.)")
 _HEX_BEFORE = re.compile(r"0[xX][0-9a-fA-F_]*$")
 _HEX_UNIT = re.compile(r"[0-9a-fA-F_]+")
@@ -325,6 +334,32 @@ def _grown_line(lines: list[str], starts: list[int], line_prefix: str) -> int | 
     return None
 
 
+# A line that gives an argument or a parameter (`name=value,`, `name: type = None,`; `name =` with
+# spaces is an assignment, `lambda:` a lambda): the same
+# name twice in one list is a SyntaxError, so the second copy is the model going round again
+# (smol: `signature_type="v2",` then `signature_type="v4",` and on, in one call).
+_KEYWORD_LINE = re.compile(r"\s*\**(?!lambda\b)(\w+)(?:=(?!=)|:\s).*,")
+
+
+def _keyword_again(lines: list[str], starts: list[int], line_prefix: str) -> int | None:
+    """End of the line before the first that gives a name already given in its argument or
+    parameter list: the lines at one indentation, with none indented less between them."""
+    shown = _as_shown(lines, line_prefix)
+    rows = [i for i, line in enumerate(lines) if line.strip()]
+    for at, first in enumerate(rows):
+        indent, seen = _indent(shown[first]), set()
+        for row in rows[at:]:
+            if _indent(shown[row]) < indent:
+                break
+            if _indent(shown[row]) > indent or not (m := _KEYWORD_LINE.fullmatch(shown[row])):
+                continue
+            if m.group(1) in seen:
+                above = max(r for r in rows if r < row)
+                return starts[above] + len(lines[above])
+            seen.add(m.group(1))
+    return None
+
+
 def _symbol_run(lines: list[str], line_prefix: str) -> tuple[int, int] | None:
     """(line, column) where the first run of one symbol in code starts (see _SYMBOL_RUN)."""
     for row, line in enumerate(lines):
@@ -335,17 +370,25 @@ def _symbol_run(lines: list[str], line_prefix: str) -> tuple[int, int] | None:
     return None
 
 
+def _copies(line: str, m: re.Match) -> float:
+    """Copies of the unit `m` matched back to back, a partial copy after them counted in part."""
+    unit = m.group(1)
+    after = line[m.end():m.end() + len(unit)]
+    partial = next((i for i, (a, b) in enumerate(zip(after, unit)) if a != b), len(after))
+    return (len(m.group(0)) + partial) / len(unit)
+
+
 def _unit_loop(lines: list[str]) -> tuple[int, int] | None:
-    """(line, column) where the first loop of a unit of characters starts (see _UNIT_RUN)."""
+    """(line, column) where the first loop of a unit of characters starts (see _UNIT_RUN and
+    _PHRASE_RUN); inside a word, after the unit's first copy, so the word stays whole (smol's
+    `# `on_delete_delete_delete` keeps `on_delete`, not `on`)."""
     for row, line in enumerate(lines):
+        starts = []
         for m in _UNIT_RUN.finditer(line):
             unit = m.group(1)
             if _HEX_BEFORE.search(line[:m.start()]) and _HEX_UNIT.fullmatch(unit):
                 continue  # a hex literal: 0xffffffff
-            after = line[m.end():m.end() + len(unit)]
-            partial = len(after) if unit.startswith(after) else \
-                next(i for i, (a, b) in enumerate(zip(after, unit)) if a != b)
-            copies = (len(m.group(0)) + partial) / len(unit)
+            copies = _copies(line, m)
             if not _LETTER.search(_ESCAPE.sub("", unit)):
                 # digits, punctuation, escapes: 0.3333, ----, \x00\x00, [0, 0, 0, 0] are data;
                 # `.0` eight times is not (smol: `1.0.0.1.0.0.0.0.0.0.0.0.0`)
@@ -354,7 +397,17 @@ def _unit_loop(lines: list[str]) -> tuple[int, int] | None:
                     continue
             elif copies < MIN_LOOP_COPIES:
                 continue
-            return row, m.start()
+            mid_word = m.start() > 0 and re.fullmatch(r"\w\w", line[m.start() - 1] + unit[0])
+            starts.append(m.start() + len(unit) if mid_word else m.start())
+            break
+        for m in _PHRASE_RUN.finditer(line):
+            unit = m.group(1)
+            if _PHRASE.fullmatch(unit) and len(unit.split()) >= MIN_PHRASE_WORDS and \
+                    _copies(line, m) >= MIN_PHRASE_COPIES:
+                starts.append(m.start())
+                break
+        if starts:
+            return row, min(starts)
     return None
 
 
@@ -365,7 +418,7 @@ def find_loop(text: str, line_prefix: str = "") -> int | None:
     - the same line, or group of up to 3 lines, twice in a row: kept once (the first copy is
       often right: it is the model going on that goes wrong);
     - a loop of characters on the first line (`x = str(str(str(str(`): cut where the loop
-      starts, what comes before it is the model's best guess at the line the user is typing
+      starts (inside a word, after its first copy), what comes before it is the model's best guess at the line the user is typing
       (on 100 held-out generations this showed 0.99 of points where Tabby's rule of dropping
       the line showed 0.81, with more similarity; keeping the loop's first copy, the earlier
       rule, scored the same within noise);
@@ -382,7 +435,8 @@ def find_loop(text: str, line_prefix: str = "") -> int | None:
     if run is not None:
         row, col = run
         cuts.append(col if row == 0 else starts[row] - 1)
-    for end in (_line_loop_end(lines, starts, line_prefix), _grown_line(lines, starts, line_prefix)):
+    for end in (_line_loop_end(lines, starts, line_prefix), _grown_line(lines, starts, line_prefix),
+                _keyword_again(lines, starts, line_prefix)):
         if end is not None:
             cuts.append(end)
     loop = _unit_loop(lines)
@@ -500,13 +554,20 @@ def drop_unfinished_line(text: str) -> str:
     return text
 
 
+# A line of code that ends with a binary operator or a backslash: its right operand is on the
+# next line. `.` and words (`and`, `in`) end prose lines too, `*` ends `import *`: not counted.
+_DANGLING_OPERATOR = re.compile(r"[\w)\]}'\"]\s*(\+|-|\*\*|//?|%|[=!<>]=|=|<|>|&|\||\^|@|\\)\Z")
+
+
 def _opens_more(line: str, before: str) -> bool:
     """Whether `line`, after `before`, only opens what comes after it: smol's truncated blocks
-    ended on `@abstractmethod`, on `if x:` and on a docstring's opening quotes under its header.
-    Quotes after anything else stay: after prose they may be the closing ones of the prompt's."""
+    ended on `@abstractmethod`, on `if x:`, on a docstring's opening quotes under its header and
+    on `X = Y +` (its operand was on the line the cut dropped). Quotes after anything else stay:
+    after prose they may be the closing ones of the prompt's."""
     code = line.strip()
     return code.startswith("@") or code.endswith(":") or \
-        (code in ('"""', "'''") and before.rstrip().endswith(":"))
+        (code in ('"""', "'''") and before.rstrip().endswith(":")) or \
+        (not code.startswith("#") and _DANGLING_OPERATOR.search(code) is not None)
 
 
 def blank_lines_above(source: str, offset: int) -> int:
