@@ -335,9 +335,9 @@ def _grown_line(lines: list[str], starts: list[int], line_prefix: str) -> int | 
 
 
 # A line that gives an argument or a parameter (`name=value,`, `name: type = None,`; `name =` with
-# spaces is an assignment, `lambda:` a lambda): the same
-# name twice in one list is a SyntaxError, so the second copy is the model going round again
-# (smol: `signature_type="v2",` then `signature_type="v4",` and on, in one call).
+# spaces is an assignment, `lambda:` a lambda). The same name twice in one list is a SyntaxError,
+# so the second copy is the model going round again (smol: `signature_type="v2",` then
+# `signature_type="v4",` and on, in one call).
 _KEYWORD_LINE = re.compile(r"\s*\**(?!lambda\b)(\w+)(?:=(?!=)|:\s).*,")
 
 
@@ -380,8 +380,8 @@ def _copies(line: str, m: re.Match) -> float:
 
 def _unit_loop(lines: list[str]) -> tuple[int, int] | None:
     """(line, column) where the first loop of a unit of characters starts (see _UNIT_RUN and
-    _PHRASE_RUN); inside a word, after the unit's first copy, so the word stays whole (smol's
-    `# `on_delete_delete_delete` keeps `on_delete`, not `on`)."""
+    _PHRASE_RUN); inside a word, after the unit's first copy, so the word the model was writing
+    is not cut in two (smol's `# `on_delete_delete_delete` keeps `on_delete`, not `on`)."""
     for row, line in enumerate(lines):
         starts = []
         for m in _UNIT_RUN.finditer(line):
@@ -418,12 +418,14 @@ def find_loop(text: str, line_prefix: str = "") -> int | None:
     - the same line, or group of up to 3 lines, twice in a row: kept once (the first copy is
       often right: it is the model going on that goes wrong);
     - a loop of characters on the first line (`x = str(str(str(str(`): cut where the loop
-      starts (inside a word, after its first copy), what comes before it is the model's best guess at the line the user is typing
-      (on 100 held-out generations this showed 0.99 of points where Tabby's rule of dropping
-      the line showed 0.81, with more similarity; keeping the loop's first copy, the earlier
-      rule, scored the same within noise);
+      starts (inside a word, after its first copy), what comes before it is the model's best
+      guess at the line the user is typing (on 100 held-out generations this showed 0.99 of
+      points where Tabby's rule of dropping the line showed 0.81, with more similarity; keeping
+      the loop's first copy, the earlier rule, scored the same within noise); a phrase of words
+      two and a half times (_PHRASE_RUN) is cut the same way;
     - such a loop on a later line: that whole line goes (a half line would end the block);
     - a line that is the one above it with a unit written once more (_grown_line): kept once;
+    - a keyword argument or parameter given again in its list (_keyword_again): kept once;
     - a run of one symbol after code on its line (_SYMBOL_RUN), cut or dropped the same way.
     """
     lines = text.split("\n")
