@@ -49,6 +49,15 @@ def git(repo: str, *args: str) -> str:
                           check=True).stdout
 
 
+def origin(repo: str) -> str:
+    """Where the clone came from (its `origin` remote), else its folder's name: a local path in
+    a results file names nothing another machine can fetch."""
+    try:
+        return git(repo, "config", "--get", "remote.origin.url").strip()
+    except subprocess.CalledProcessError:  # no origin remote
+        return Path(repo).resolve().name
+
+
 def added_lines(repo: str, commit: str) -> dict[str, list[tuple[int, int]]]:
     """{path: [(first line, count)]} of the lines `commit` added to .py files (1-based)."""
     added: dict[str, list[tuple[int, int]]] = {}
@@ -117,6 +126,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_path", required=True)
     parser.add_argument("--preset", default="smol")
+    parser.add_argument("--origin", help="the URL the JSON names (default: the clone's origin remote)")
     parser.add_argument("--any-line", action="store_true",
                         help="points on any added line of code, not only those using an imported name")
     args = parser.parse_args()
@@ -132,7 +142,7 @@ def main() -> None:
     commits = git(args.repo, "log", "--no-merges", "--format=%H", "-n", str(args.commits), "--",
                   args.under).split()
     rng.shuffle(commits)
-    out: dict = {"repo": args.repo,
+    out: dict = {"repo": args.origin or origin(args.repo),
                  "head": git(args.repo, "rev-parse", "HEAD").strip(), "under": args.under,
                  "seed": args.seed, "budget_tokens": budget, "preset": args.preset,
                  "any_line": args.any_line}
