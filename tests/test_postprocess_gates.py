@@ -16,6 +16,7 @@ from codespec_lsp.completion.postprocess import (
     decide_mode,
     finalize,
     find_loop,
+    keywords_above,
     line_confidences,
     line_finished,
     retypes_suffix,
@@ -360,3 +361,32 @@ def test_a_keyword_given_twice_in_one_list_ends_the_suggestion():
         "f(a=1,\n  b=2)\ng(a=1,\n  b=2)",
     ):
         assert find_loop(code) is None
+
+
+def test_the_earliest_line_loop_wins_whichever_rule_finds_it():
+    # smol on a2a-sdk: `release()` again after one other line came before the pair at the end,
+    # which alone had kept the A-B-A lines
+    raw = ("self._lock.acclose()\n            self._lock.release()\n            self._is_closed = False\n"
+           "            self._lock.release()\n            self._lock.release()")
+    assert finalize(raw, "            ", "", Mode(True, 12)) == \
+        "self._lock.acclose()\n            self._lock.release()\n            self._is_closed = False"
+    # a group of two before a pair of one
+    assert find_loop("a = f(x)\nb = g(y)\na = f(x)\nb = g(y)\nc = 1\nc = 1") == len("a = f(x)\nb = g(y)")
+
+
+def test_a_keyword_the_list_above_the_cursor_gave_is_not_suggested_again():
+    # smol on openai-agents: `trace_workflow_name=...,` under the line that had given it
+    source = ("result = run(\n    agent,\n    session=session,\n"
+              "    trace_workflow_name=trace_workflow_name,\n    run_state=state,\n    ")
+    given = keywords_above(source, len(source))
+    assert given == {"session", "trace_workflow_name", "run_state"}
+    assert finalize("trace_workflow_name=trace_workflow_name,\n    other=1,", "    ", "", Mode(True, 4),
+                    keywords_given=given) is None
+    assert finalize("conversation_id=cid,\n    session=s,", "    ", "", Mode(True, 4),
+                    keywords_given=given) == "conversation_id=cid,"
+    # another call's keywords, a deeper list's, and a cursor after code give nothing
+    other = "f(\n    a=1,\n)\ng(\n    b=2,\n    "
+    assert keywords_above(other, len(other)) == {"b"}
+    nested = "f(\n    a=g(\n        x=1,\n    ),\n    b=2,\n    "
+    assert keywords_above(nested, len(nested)) == {"b"}
+    assert keywords_above("f(\n    a=1,\n    b", len("f(\n    a=1,\n    b")) == frozenset()

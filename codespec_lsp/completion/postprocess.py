@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 OPENERS = {"(": ")", "[": "]", "{": "}"}
@@ -286,24 +286,27 @@ def _line_loop_end(lines: list[str], starts: list[int], line_prefix: str) -> int
     own when the cursor stands in the indentation (strip_doubled_indent)."""
     full = [_LIST_NUMBER.sub(r"\1#\2", line) for line in _as_shown(lines, line_prefix)]
     rows = [i for i, line in enumerate(lines) if line.strip()]
+    ends = []  # each rule's first; the earliest of them wins
     for k in (1, 2, 3):
         for j in range(len(rows) - 2 * k + 1):
             group = rows[j:j + k]
             if all(full[a] == full[b] for a, b in zip(group, rows[j + k:j + 2 * k])) and \
                     _LETTER.search(_ESCAPE.sub("", "".join(lines[a] for a in group))):
-                last = group[-1]
-                return starts[last] + len(lines[last])
+                ends.append(starts[group[-1]] + len(lines[group[-1]]))
+                break
     for a, b, c in zip(rows, rows[1:], rows[2:]):
         # A line of symbols alone (`^`, `)`) comes twice in code that closes or underlines, and
         # three times at one indentation in none: smol wrote 23 `^` lines in a docstring.
         if full[a] == full[b] == full[c] and not re.search(r"\w", full[a]):
-            return starts[a] + len(lines[a])
+            ends.append(starts[a] + len(lines[a]))
+            break
         # A line again after one other at its indentation: smol's `x=x,` `y=y,` `x=x,` (one
         # triple in 1,300 of the standard library and the context packages, mostly test data).
         if full[a] == full[c] != full[b] and _indent(full[a]) == _indent(full[b]) and \
                 _LETTER.search(full[a]):
-            return starts[b] + len(lines[b])
-    return None
+            ends.append(starts[b] + len(lines[b]))
+            break
+    return min(ends, default=None)
 
 
 def _as_shown(lines: list[str], line_prefix: str) -> list[str]:
@@ -341,23 +344,51 @@ def _grown_line(lines: list[str], starts: list[int], line_prefix: str) -> int | 
 _KEYWORD_LINE = re.compile(r"\s*\**(?!lambda\b)(\w+)(?:=(?!=)|:\s).*,")
 
 
-def _keyword_again(lines: list[str], starts: list[int], line_prefix: str) -> int | None:
+def _keyword_again(lines: list[str], starts: list[int], line_prefix: str,
+                   given: Collection[str] = ()) -> int | None:
     """End of the line before the first that gives a name already given in its argument or
-    parameter list: the lines at one indentation, with none indented less between them."""
+    parameter list: the lines at one indentation, with none indented less between them. `given`:
+    the names the lines above the cursor gave in the list the first line goes on
+    (keywords_above)."""
     shown = _as_shown(lines, line_prefix)
     rows = [i for i, line in enumerate(lines) if line.strip()]
     for at, first in enumerate(rows):
-        indent, seen = _indent(shown[first]), set()
+        indent = _indent(shown[first])
+        seen = set(given) if at == 0 and indent == len(line_prefix) else set()
         for row in rows[at:]:
             if _indent(shown[row]) < indent:
                 break
             if _indent(shown[row]) > indent or not (m := _KEYWORD_LINE.fullmatch(shown[row])):
                 continue
             if m.group(1) in seen:
-                above = max(r for r in rows if r < row)
-                return starts[above] + len(lines[above])
+                above = [r for r in rows if r < row]
+                return starts[above[-1]] + len(lines[above[-1]]) if above else 0
             seen.add(m.group(1))
     return None
+
+
+def keywords_above(source: str, offset: int, max_lines: int = 64) -> frozenset[str]:
+    """The names given as arguments or parameters (_KEYWORD_LINE) on the lines above the cursor's
+    at its indentation, up to a line indented less: the list a suggestion on an empty line goes
+    on (OpenAI's agents: `trace_workflow_name=...,` suggested under the same keyword). Empty when
+    the cursor line holds code before the cursor."""
+    start = source.rfind("\n", 0, offset) + 1
+    prefix = source[start:offset]
+    if prefix.strip():
+        return frozenset()
+    names, end = set(), start - 1
+    for _ in range(max_lines):
+        if end < 0:
+            break
+        line_start = source.rfind("\n", 0, end) + 1
+        line, end = source[line_start:end], line_start - 1
+        if not line.strip():
+            continue
+        if _indent(line) < len(prefix):
+            break
+        if _indent(line) == len(prefix) and (m := _KEYWORD_LINE.fullmatch(line)):
+            names.add(m.group(1))
+    return frozenset(names)
 
 
 def _symbol_run(lines: list[str], line_prefix: str) -> tuple[int, int] | None:
@@ -411,7 +442,7 @@ def _unit_loop(lines: list[str]) -> tuple[int, int] | None:
     return None
 
 
-def find_loop(text: str, line_prefix: str = "") -> int | None:
+def find_loop(text: str, line_prefix: str = "", given: Collection[str] = ()) -> int | None:
     """Where the suggestion must end because of a loop (keep `text[:i]`), or None.
 
     `line_prefix`: the cursor line before the cursor (the suggestion's first line follows it).
@@ -438,7 +469,7 @@ def find_loop(text: str, line_prefix: str = "") -> int | None:
         row, col = run
         cuts.append(col if row == 0 else starts[row] - 1)
     for end in (_line_loop_end(lines, starts, line_prefix), _grown_line(lines, starts, line_prefix),
-                _keyword_again(lines, starts, line_prefix)):
+                _keyword_again(lines, starts, line_prefix, given)):
         if end is not None:
             cuts.append(end)
     loop = _unit_loop(lines)
@@ -448,9 +479,9 @@ def find_loop(text: str, line_prefix: str = "") -> int | None:
     return min(cuts) if cuts else None
 
 
-def cut_repetition(text: str, line_prefix: str = "") -> str:
+def cut_repetition(text: str, line_prefix: str = "", given: Collection[str] = ()) -> str:
     """`text` up to where a loop makes it end (see find_loop)."""
-    at = find_loop(text, line_prefix)
+    at = find_loop(text, line_prefix, given)
     return text if at is None else text[:at]
 
 
@@ -586,7 +617,7 @@ def blank_lines_above(source: str, offset: int) -> int:
 def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
              logprobs: Sequence[tuple[int, float]] | None = None,
              min_confidence: float | None = None, blank_above: int = 0,
-             truncated: bool = False) -> str | None:
+             truncated: bool = False, keywords_given: Collection[str] = ()) -> str | None:
     """The whole pipeline: block end, leading blank lines, loops, confidence, suffix overlap,
     brackets, whitespace; None when nothing is worth showing.
 
@@ -596,7 +627,8 @@ def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
     DEFAULT_MIN_CONFIDENCE; it is a probability (0 turns the gate off). `blank_above`: the blank
     lines right above the cursor's line (blank_lines_above). `truncated`: the text stops where the
     model was cut off or is still writing (its token limit, an answer shown early), not where
-    the model or the block ended."""
+    the model or the block ended. `keywords_given`: the names the list the suggestion goes on
+    already gives (keywords_above)."""
     prob = DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence
     threshold = math.log(prob) if prob > 0 else -math.inf
     end = block_end(raw, mode)
@@ -617,7 +649,7 @@ def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
             confidence = mean_confidence(text, logprobs) if logprobs else None
             if confidence is None or confidence < threshold + NEXT_LINE_MARGIN:
                 return None  # the next line, and not confident enough to interrupt with it
-    text = cut_repetition(text, line_prefix)
+    text = cut_repetition(text, line_prefix, keywords_given)
     if logprobs:
         text = cut_unconfident(text, logprobs, threshold)
     text = trim_suffix_overlap(text, line_prefix, suffix)
