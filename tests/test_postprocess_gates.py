@@ -390,3 +390,14 @@ def test_a_keyword_the_list_above_the_cursor_gave_is_not_suggested_again():
     nested = "f(\n    a=g(\n        x=1,\n    ),\n    b=2,\n    "
     assert keywords_above(nested, len(nested)) == {"b"}
     assert keywords_above("f(\n    a=1,\n    b", len("f(\n    a=1,\n    b")) == frozenset()
+
+
+def test_an_if_whose_body_opens_with_the_same_test_keeps_the_first():
+    # smol on deepagents
+    raw = ('if spec is not None:\n        if spec is not None:\n'
+           '            candidates.append(f"spec {spec!r}")\n        candidates.append(f"spec {spec!r}")')
+    assert finalize(raw, "    ", "", Mode(True, 4)) == "if spec is not None:"
+    assert find_loop("elif x > 1:\n    if x > 1:\n        y = 2") == len("elif x > 1:")
+    for code in ("if a:\n    if b:\n        x = 1", "if ok:\n    x = 1\nif ok:\n    y = 2",
+                 "while line.startswith('a'):\n    while line.startswith('a'):\n        line = next(f)"):
+        assert find_loop(code) is None
