@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 OPENERS = {"(": ")", "[": "]", "{": "}"}
@@ -277,16 +277,15 @@ def strip_trailing_whitespace(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.split("\n")).rstrip()
 
 
-def _line_loop_end(lines: list[str], starts: list[int], line_prefix: str) -> int | None:
+def _line_loop_end(lines: list[str], starts: list[int], shown: list[str],
+                   rows: list[int]) -> int | None:
     """End of the first copy when the same non-blank line, or group of up to 3, comes twice in a
     row (three times for a line without a letter or digit; blank lines between them aside), or
     a line again after one other line at its indentation (then both stay), an `if` whose body
     opens with the same test (the first stays), indentation included (`try:` inside `try:` is code),
     a list item's number aside (`4. A module …`, `5. A module …`: see _LIST_NUMBER).
-    The first line is taken as shown: after the cursor line's text, without indentation of its
-    own when the cursor stands in the indentation (strip_doubled_indent)."""
-    full = [_LIST_NUMBER.sub(r"\1#\2", line) for line in _as_shown(lines, line_prefix)]
-    rows = [i for i, line in enumerate(lines) if line.strip()]
+    Lines are compared as shown (_as_shown)."""
+    full = [_LIST_NUMBER.sub(r"\1#\2", line) for line in shown]
     ends = []  # each rule's first; the earliest of them wins
     for k in (1, 2, 3):
         for j in range(len(rows) - 2 * k + 1):
@@ -325,13 +324,12 @@ def _as_shown(lines: list[str], line_prefix: str) -> list[str]:
     return [first] + [line.rstrip() for line in lines[1:]]
 
 
-def _grown_line(lines: list[str], starts: list[int], line_prefix: str) -> int | None:
+def _grown_line(lines: list[str], starts: list[int], shown: list[str],
+                rows: list[int]) -> int | None:
     """End of the line before the first line that is the non-blank line above it with a unit
     written once more right after itself (`import LocalAgentType` then `import
     LocalAgentTypeType`): smol's loop across lines, which no line- or unit-repeat rule sees. A
     unit holds two letters or more, so `(n, n)` growing to `(n, n, n)` is code."""
-    shown = _as_shown(lines, line_prefix)
-    rows = [i for i, line in enumerate(lines) if line.strip()]
     for above, row in zip(rows, rows[1:]):
         a, b = shown[above], shown[row]
         grown = len(b) - len(a)
@@ -352,26 +350,32 @@ def _grown_line(lines: list[str], starts: list[int], line_prefix: str) -> int | 
 _KEYWORD_LINE = re.compile(r"\s*\**(?!lambda\b)(\w+)(?:=(?!=)|:\s).*,")
 
 
-def _keyword_again(lines: list[str], starts: list[int], line_prefix: str,
-                   given: Collection[str] = ()) -> int | None:
+def _list_names(lines: Iterable[str], indent: int) -> Iterator[tuple[int, str]]:
+    """(index, name) of each of `lines` at `indent` that gives an argument or parameter
+    (_KEYWORD_LINE), up to a non-blank line indented less: the names one list gives, in the
+    order `lines` come (deeper lines are a nested list's)."""
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        if _indent(line) < indent:
+            return
+        if _indent(line) == indent and (m := _KEYWORD_LINE.fullmatch(line)):
+            yield i, m.group(1)
+
+
+def _keyword_again(lines: list[str], starts: list[int], shown: list[str], rows: list[int],
+                   line_prefix: str, given: Collection[str] = ()) -> int | None:
     """End of the line before the first that gives a name already given in its argument or
-    parameter list: the lines at one indentation, with none indented less between them. `given`:
-    the names the lines above the cursor gave in the list the first line goes on
-    (keywords_above)."""
-    shown = _as_shown(lines, line_prefix)
-    rows = [i for i, line in enumerate(lines) if line.strip()]
+    parameter list (_list_names). `given`: the names the lines above the cursor gave in the list
+    the first line goes on (keywords_above)."""
     for at, first in enumerate(rows):
         indent = _indent(shown[first])
         seen = set(given) if at == 0 and indent == len(line_prefix) else set()
-        for row in rows[at:]:
-            if _indent(shown[row]) < indent:
-                break
-            if _indent(shown[row]) > indent or not (m := _KEYWORD_LINE.fullmatch(shown[row])):
-                continue
-            if m.group(1) in seen:
-                above = [r for r in rows if r < row]
+        for i, name in _list_names(shown[first:], indent):
+            if name in seen:
+                above = [r for r in rows if r < first + i]
                 return starts[above[-1]] + len(lines[above[-1]]) if above else 0
-            seen.add(m.group(1))
+            seen.add(name)
     return None
 
 
@@ -384,19 +388,13 @@ def keywords_above(source: str, offset: int, max_lines: int = 64) -> frozenset[s
     prefix = source[start:offset]
     if prefix.strip():
         return frozenset()
-    names, end = set(), start - 1
+    head = start  # where the max_lines lines above begin: no split of the whole file
     for _ in range(max_lines):
-        if end < 0:
+        if head <= 0:
             break
-        line_start = source.rfind("\n", 0, end) + 1
-        line, end = source[line_start:end], line_start - 1
-        if not line.strip():
-            continue
-        if _indent(line) < len(prefix):
-            break
-        if _indent(line) == len(prefix) and (m := _KEYWORD_LINE.fullmatch(line)):
-            names.add(m.group(1))
-    return frozenset(names)
+        head = source.rfind("\n", 0, head - 1) + 1
+    above = source[head:start].split("\n")[:-1]  # the text up to the cursor's line ends in \n
+    return frozenset(name for _, name in _list_names(reversed(above), len(prefix)))
 
 
 def _symbol_run(lines: list[str], line_prefix: str) -> tuple[int, int] | None:
@@ -476,8 +474,11 @@ def find_loop(text: str, line_prefix: str = "", given: Collection[str] = ()) -> 
     if run is not None:
         row, col = run
         cuts.append(col if row == 0 else starts[row] - 1)
-    for end in (_line_loop_end(lines, starts, line_prefix), _grown_line(lines, starts, line_prefix),
-                _keyword_again(lines, starts, line_prefix, given)):
+    # The line rules read the lines as shown (_as_shown) and skip blank ones (`rows`).
+    shown = _as_shown(lines, line_prefix)
+    rows = [i for i, line in enumerate(lines) if line.strip()]
+    for end in (_line_loop_end(lines, starts, shown, rows), _grown_line(lines, starts, shown, rows),
+                _keyword_again(lines, starts, shown, rows, line_prefix, given)):
         if end is not None:
             cuts.append(end)
     loop = _unit_loop(lines)
