@@ -1,3 +1,5 @@
+import pytest
+
 from codespec_lsp.completion.postprocess import (
     Mode,
     balance_brackets,
@@ -92,6 +94,16 @@ class TestBrackets:
             "time.conversation_item import ("
         assert finalize("time.item import (\n    Item,\n)", "from openai.types.real", "",
                         Mode(False, 0)) == "time.item import ("
+
+    @pytest.mark.parametrize("line", [
+        'self.trace_to_file["file_export_only',  # smol, a loop cut inside the key
+        "#define SET_BINARY_MODE(file) setmode(fileno(file),",  # smol on zlib's examples
+        "total = sum(a +",
+        "f(x.",
+    ])
+    def test_single_line_ending_in_a_string_comma_or_operator_stays_open(self, line):
+        # closers would land inside the string or after what still wants an operand
+        assert balance_brackets(line) == line
 
     def test_multi_line_cut_back_to_balanced_line(self):
         assert balance_brackets("a = 1\nb = foo(\n  2,") == "a = 1"

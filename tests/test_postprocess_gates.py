@@ -293,13 +293,33 @@ class TestGrownLines:
         assert find_loop("def test_load(self):\n\ndef test_load_load(self):") == \
             len("def test_load(self):")
 
+    def test_a_line_grown_at_several_places_is_a_loop(self):
+        # smol on zod's to-json-schema.ts, under `if (params.reused === "ref") {`
+        raw = ("const defs = this.defs;\n          const defsRef = defsRef;\n"
+               "          const defsRefRef = defsRefRef;\n          const defsRefRefRef = defsRefRefRef;")
+        assert finalize(raw, "          ", "", Mode(True, 10)) == \
+            "const defs = this.defs;\n          const defsRef = defsRef;"
+        # where the text after a copy begins like the unit, the copy reads as a rotation of it
+        assert find_loop("RefRx = 1\nRefRefRx = 1") == len("RefRx = 1")
+
     @pytest.mark.parametrize("text", [
         "x = np.zeros((n, n))\nx = np.zeros((n, n, n))",  # one letter a unit: data
+        "x = f(ab, cd)\nx = f(abab, cdcd)",  # two units, one copy each: new names
+        "const a = { ...defId, defId };\nconst aRef = { ...defIdRef, defIdRef };",
         "def test_load(self):\ndef test_load_all(self):",   # a new word, not the last one again
         "self.a.b = 1\nself.a.b.c = 1",
     ])
     def test_a_line_that_grows_by_new_text_is_not_a_loop(self, text):
         assert find_loop(text) is None
+
+
+def test_a_run_of_one_symbol_past_the_widest_banner_is_a_loop_even_in_a_comment():
+    # smol at the top of a TypeScript declaration: `// ` and 400 slashes
+    assert finalize("\n// " + "/" * 400, "", "", Mode(True, 0)) is None
+    assert finalize("x = 1  # " + "=" * 200, "", "", Mode(True, 0)) == "x = 1  #"
+    # a banner that fits is the user's style: kept, in a comment or a string
+    assert find_loop("    # " + "=" * 70) is None
+    assert find_loop('print("' + "-" * 100 + '")') is None
 
 
 def test_a_line_of_symbols_three_times_is_a_loop_twice_is_not():
