@@ -11,6 +11,7 @@ from codespec_lsp.completion.postprocess import (
     NEXT_LINE_MARGIN,
     Mode,
     blank_lines_above,
+    longest_blank_run,
     cut_unconfident,
     drop_unfinished_line,
     decide_mode,
@@ -226,6 +227,22 @@ class TestBlankLead:
         assert trim_blank_lead("\n\nclass A:", "x = ", 2) == "\n\nclass A:"
         assert trim_blank_lead("class A:\n\n\nx", "", 2) == "class A:\n\n\nx"
 
+    def test_a_document_that_never_leaves_two_blank_lines_sets_a_limit_of_one(self):
+        # smol in zod's TypeScript, under one blank line: `\n// ZodCatch`
+        assert trim_blank_lead("\n// ZodCatch", "", 1, blank_limit=1) == "// ZodCatch"
+        assert trim_blank_lead("\n// ZodCatch", "", 1, blank_limit=2) == "\n// ZodCatch"
+        # a document with no blank line yet still gets one before new code
+        assert trim_blank_lead("\nclass A:", "", 0, blank_limit=0) == "\nclass A:"
+        assert finalize("\n// ZodCatch", "", "", Mode(True, 0), blank_above=1, blank_limit=1) == \
+            "// ZodCatch"
+
+    def test_the_longest_blank_run_leaves_out_the_one_at_the_cursor(self):
+        source = "a = 1\n\nb = 2\n\n\n\nc = 3\n"
+        assert longest_blank_run(source, len("a = 1\n\nb = 2\n\n\n")) == 2  # one run split
+        assert longest_blank_run(source, len(source)) == 3
+        assert longest_blank_run("x = 1\n  \n\ty = 2\n", 0) == 1  # whitespace-only is blank
+        assert longest_blank_run("", 0) == 0
+
     def test_finalize_trims_and_keeps_each_lines_confidence(self):
         # Tokens "\n", "class A:\n", "    x = 1\n" (unconfident), "    y = 2": the shown text
         # starts at `class`, and the cut falls on the unconfident line, not one line off.
@@ -316,7 +333,9 @@ class TestGrownLines:
 def test_a_run_of_one_symbol_past_the_widest_banner_is_a_loop_even_in_a_comment():
     # smol at the top of a TypeScript declaration: `// ` and 400 slashes
     assert finalize("\n// " + "/" * 400, "", "", Mode(True, 0)) is None
-    assert finalize("x = 1  # " + "=" * 200, "", "", Mode(True, 0)) == "x = 1  #"
+    assert finalize("// " + "/" * 400, "", "", Mode(True, 0)) is None
+    assert finalize("x = 1  # " + "=" * 200, "", "", Mode(True, 0)) == "x = 1"
+    assert finalize("=" * 200, "    # ", "", Mode(False, 0)) is None
     # a banner that fits is the user's style: kept, in a comment or a string
     assert find_loop("    # " + "=" * 70) is None
     assert find_loop('print("' + "-" * 100 + '")') is None

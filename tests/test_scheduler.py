@@ -767,6 +767,20 @@ def test_an_early_block_shows_its_finished_lines_not_the_one_being_written(monke
     assert shown == ["total = compute(alpha, beta)"]
 
 
+def test_a_blank_line_the_document_would_never_leave_is_not_suggested():
+    # Under one blank line, in a file whose blank lines never come two in a row, a suggestion
+    # that starts with a second starts at the cursor; where the file leaves two, it is kept.
+    from codespec_lsp.completion import complete
+    from codespec_lsp.completion.context import ContextBuilder
+    eng = FakeEngine(lambda p: "\nconst b = 2;\n\n", tokens_per_forward=1)
+    single = "const a = 1;\n\nfunction f() {}\n\n"
+    double = "const a = 1;\n\n\nfunction f() {}\n\n"
+    for source, expected in ((single, "const b = 2;"), (double, "\nconst b = 2;")):
+        _, final = complete.complete_at(eng, ContextBuilder(eng.count_tokens, 512), "file:///a.ts",
+                                        source, len(source), max_tokens=64)
+        assert final == expected
+
+
 async def test_without_a_budget_the_whole_suggestion_is_awaited():
     eng = FakeEngine(lambda p: LONG_LINE, tokens_per_forward=1, forward_s=0.01)
     s = make(eng, time_budget_ms=0)

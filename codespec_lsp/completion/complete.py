@@ -23,7 +23,7 @@ from codespec_lsp.engine.api import CancelToken, GenerationResult
 from codespec_lsp.engine.scoring import PURE, Scoring
 from codespec_lsp.completion.heal import ends_in_indent, healing, typed_word, vocab_of
 from codespec_lsp.completion.postprocess import (block_end, blank_lines_above, decide_mode, finalize,
-                                                 keywords_above)
+                                                 keywords_above, longest_blank_run)
 
 
 def split_line(source: str, offset: int) -> tuple[str, str, str]:
@@ -243,6 +243,8 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     line_prefix, line_suffix, prev_line = split_line(source, offset)
     mode = decide_mode(line_prefix, line_suffix, prev_line)
     blank_above = blank_lines_above(source, offset)
+    # Only an empty line's suggestion may start with blank lines (trim_blank_lead).
+    blank_limit = longest_blank_run(source, offset) if not line_prefix.strip() else None
     given = keywords_above(source, offset)
     ids, heal = prompt_ids(backend, prompt.text)
     lookup = lookup_ids(backend, prompt.lookup_text) if prompt.lookup_text else []
@@ -256,7 +258,7 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
         return finalize(_from_cursor(text, heal), line_prefix, prompt.suffix, mode,
                         logprobs=token_logprobs(backend.tokenizer, ids, result, heal),
                         min_confidence=scoring.min_confidence, blank_above=blank_above,
-                        truncated=truncated, keywords_given=given)
+                        truncated=truncated, keywords_given=given, blank_limit=blank_limit)
 
     on_text = None
     if deadline is not None and early is not None:

@@ -427,14 +427,19 @@ def keywords_above(source: str, offset: int, max_lines: int = 64) -> frozenset[s
 
 
 def _symbol_run(lines: list[str], line_prefix: str) -> tuple[int, int] | None:
-    """(line, column) where the first run of one symbol in code starts (see _SYMBOL_RUN), or of
-    one that goes past WIDEST_RUN_END anywhere (_ANY_RUN)."""
+    """(line, column) where the first run of one symbol in code starts (see _SYMBOL_RUN), or
+    where the comment or string starts that holds one going past WIDEST_RUN_END (_ANY_RUN)."""
     for row, line in enumerate(lines):
         head = line_prefix if row == 0 else ""
         cols = [m.start() for m in _SYMBOL_RUN.finditer(line)
                 if re.search(r"\w", before := head + line[:m.start()])
                 and not _NOT_CODE_BEFORE.search(before)]
-        cols += [m.start() for m in _ANY_RUN.finditer(line) if len(head) + m.end() > WIDEST_RUN_END]
+        for m in _ANY_RUN.finditer(line):
+            if len(head) + m.end() > WIDEST_RUN_END:
+                # The comment or string that holds it goes too: a bare `#` or `//` says nothing.
+                opener = _NOT_CODE_BEFORE.search(line, 0, m.start())
+                cols.append(opener.start() if opener else
+                            0 if _NOT_CODE_BEFORE.search(head) else m.start())
         if cols:
             return row, min(cols)
     return None
@@ -587,14 +592,16 @@ MAX_BLANK_LINES_TOP = 2
 MAX_BLANK_LINES_INDENTED = 1
 
 
-def trim_blank_lead(text: str, line_prefix: str, blank_above: int) -> str:
+def trim_blank_lead(text: str, line_prefix: str, blank_above: int,
+                    blank_limit: int | None = None) -> str:
     """On an empty line the model often starts with blank lines (`\\n\\nclass A:`) above lines
     where `blank_above` blank lines already stand: as shown, the code lands one line down or
     more, under a run of blank lines no formatter keeps. Drop the blank lines past the limit for
     the code's indentation; with none left, the code starts at the cursor, whose line already
     holds its indentation (`line_prefix`). `text` is unchanged when its code is not indented
-    under the cursor's (a dedent): it cannot start at the cursor. Only leading text goes: the
-    result is a suffix of `text`."""
+    under the cursor's (a dedent): it cannot start at the cursor. A document that never leaves
+    more than `blank_limit` blank lines in a row (one at least) sets a lower limit. Only leading
+    text goes: the result is a suffix of `text`."""
     if line_prefix.strip():
         return text
     lines = text.split("\n")
@@ -604,6 +611,8 @@ def trim_blank_lead(text: str, line_prefix: str, blank_above: int) -> str:
     code = lines[first_code]
     indented = bool(code[:_indent(code)])
     allowed = MAX_BLANK_LINES_INDENTED if indented else MAX_BLANK_LINES_TOP
+    if blank_limit is not None:
+        allowed = min(allowed, max(blank_limit, 1))
     if blank_above + first_code <= allowed:
         return text
     keep = max(allowed - blank_above, 0)
@@ -656,10 +665,26 @@ def blank_lines_above(source: str, offset: int) -> int:
     return count
 
 
+_BLANK_RUN = re.compile(r"\n(?:[ \t]*\n)+")
+
+
+def longest_blank_run(source: str, offset: int) -> int:
+    """The most blank lines in a row the document holds, the run around the cursor's line aside:
+    the file's own limit, where it is below PEP 8's. TypeScript and C files, and 4 % of Python
+    modules with two top-level definitions or more, never leave two; smol went on adding a second
+    (`\n// ZodCatch` under one blank line in zod, 8 of 112 line starts in TypeScript and C)."""
+    start = source.rfind("\n", 0, offset) + 1
+    end = source.find("\n", offset)
+    spans = [(0, start)] + ([(end, len(source))] if end >= 0 else [])
+    return max((m.group(0).count("\n") - 1 for span in spans
+                for m in _BLANK_RUN.finditer(source, *span)), default=0)
+
+
 def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
              logprobs: Sequence[tuple[int, float]] | None = None,
              min_confidence: float | None = None, blank_above: int = 0,
-             truncated: bool = False, keywords_given: Collection[str] = ()) -> str | None:
+             truncated: bool = False, keywords_given: Collection[str] = (),
+             blank_limit: int | None = None) -> str | None:
     """The whole pipeline: block end, leading blank lines, loops, confidence, suffix overlap,
     brackets, whitespace; None when nothing is worth showing.
 
@@ -670,7 +695,8 @@ def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
     lines right above the cursor's line (blank_lines_above). `truncated`: the text stops where the
     model was cut off or is still writing (its token limit, an answer shown early), not where
     the model or the block ended. `keywords_given`: the names the list the suggestion goes on
-    already gives (keywords_above)."""
+    already gives (keywords_above). `blank_limit`: the most blank lines in a row the document
+    holds elsewhere (longest_blank_run); None: PEP 8's limits alone."""
     prob = DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence
     threshold = math.log(prob) if prob > 0 else -math.inf
     end = block_end(raw, mode)
@@ -678,7 +704,7 @@ def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
     if mode.multiline:
         if truncated and end is None:
             text = drop_unfinished_line(text)
-        trimmed = trim_blank_lead(text, line_prefix, blank_above)
+        trimmed = trim_blank_lead(text, line_prefix, blank_above, blank_limit)
         # Only leading text went: every token's end offset moves back by its length.
         logprobs = [(at - len(text) + len(trimmed), lp) for at, lp in logprobs or ()]
         text = trimmed
