@@ -4,7 +4,10 @@ Promises:
 - `textDocument/inlineCompletion` is advertised (registered with its options) and served;
   `textDocument/completion` is served too and advertised to clients that lack inline completion.
 - Positions are in the negotiated encoding (UTF-16 unless the client offers better); returned
-  ranges are built from the request's own position, so non-ASCII lines round-trip exactly.
+  ranges are built from the request's own positions, so non-ASCII lines round-trip exactly.
+- With the editor's suggest widget open (`context.selectedCompletionInfo`), the answer is for the
+  text with the selected item in place and replaces the item's range, starting with its text:
+  VS Code shows nothing else while the widget is open.
 - Models load in the background after `initialized`, with workDoneProgress; until then, and
   after a failed load, requests answer empty at once. A failure is shown, logged, and the
   server keeps serving.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import re
 import sys
 import uuid
 from typing import Any, Callable
@@ -52,6 +56,7 @@ DOCUMENT_TEXT = "codespec/documentText"  # the server's copy of a document (test
 READY = "codespec/ready"  # sent when the models are loaded: clients ask again then
 MAX_OTHER_DOCUMENTS = 8
 COMPLETION_TRIGGERS = [".", "(", "[", ",", "="]
+_SNIPPET_FIELD = re.compile(r"\$(?:\d|\{\d)")  # a snippet's tab stop or placeholder
 
 
 def _version() -> str:
@@ -209,15 +214,25 @@ class CodespecServer(LanguageServer):
                 f"completions")
         return doc
 
-    def request_for(self, uri: str, position: types.Position) -> CompletionRequest | None:
-        """The plain request for a position; None when the position is past the end."""
+    def request_for(self, uri: str, position: types.Position,
+                    selected: types.SelectedCompletionInfo | None = None
+                    ) -> CompletionRequest | None:
+        """The plain request for a position; None when the position is past the end.
+        `selected`: the editor's completion item to complete after (_selected_item): the request
+        is for the text as it reads with the item's text in its range, the cursor after it."""
         doc = self.document(uri)
         # Checked here rather than left to pygls, which clamps out-of-range characters.
         offset = doc.offset_at(position, strict=True)
-        if offset is None:
+        span = (doc.offset_at(selected.range.start, strict=True),
+                doc.offset_at(selected.range.end, strict=True)) if selected else (offset, offset)
+        if offset is None or None in span:
             log.info("position %s:%s is past the end of %s", position.line,
                      position.character, uri)
             return None
+        source = doc.source
+        if selected:
+            source = source[:span[0]] + selected.text + source[span[1]:]
+            offset = span[0] + len(selected.text)
         # The text as the client sent it: the scheduler makes what goes to the tokenizer safe.
         docs = self.workspace.text_documents
         others = [(u, d.source) for u, d in docs.items() if d is not doc]
@@ -226,7 +241,7 @@ class CodespecServer(LanguageServer):
         # The request id and position as the client sent them: the scheduler's debug line
         # per request names them, so a client's log can be matched line for line.
         edits = documents.edited_chunks(d for d in docs.values() if d is not doc)
-        return CompletionRequest(uri, doc.source, offset,
+        return CompletionRequest(uri, source, offset,
                                  others[:MAX_OTHER_DOCUMENTS], roots=roots, edits=edits,
                                  request_id=self.protocol.msg_id,
                                  position=(position.line, position.character))
@@ -304,14 +319,35 @@ def did_close(ls: CodespecServer, params: types.DidCloseTextDocumentParams) -> N
 
 async def inline_completion(ls: CodespecServer, params: types.InlineCompletionParams
                             ) -> types.InlineCompletionList:
-    req = ls.request_for(params.text_document.uri, params.position)
+    selected = _selected_item(params)
+    req = ls.request_for(params.text_document.uri, params.position, selected)
     out = await ls.scheduler.complete(req) if req is not None else None
     if out is None or not out.text:
         return types.InlineCompletionList(items=[])
+    if selected is None:
+        start, end, text = params.position, params.position, out.text
+    else:
+        # With the suggest widget open, VS Code shows only an answer that replaces the selected
+        # item's range and starts with its text: anything else stays hidden behind the widget.
+        start, end, text = selected.range.start, selected.range.end, selected.text + out.text
     return types.InlineCompletionList(items=[types.InlineCompletionItem(
-        insert_text=out.text, range=types.Range(start=params.position,
-                                                end=_past(params.position, out.replace)),
+        insert_text=text, range=types.Range(start=start, end=_past(end, out.replace)),
         command=_accepted(out.id))])
+
+
+def _selected_item(params: types.InlineCompletionParams) -> types.SelectedCompletionInfo | None:
+    """The completion item the editor's suggest widget has selected, when the answer can follow
+    it: its range on the cursor's line and around the cursor, its text one line and no snippet
+    (`$1`, `${1:x}` would be typed as they read). None: answer for the text as it is."""
+    info = params.context.selected_completion_info if params.context else None
+    if info is None:
+        return None
+    start, end, at = info.range.start, info.range.end, params.position
+    if not (start.line == end.line == at.line and start.character <= at.character <= end.character):
+        return None
+    if "\n" in info.text or "\r" in info.text or _SNIPPET_FIELD.search(info.text):
+        return None
+    return info
 
 
 async def completion(ls: CodespecServer, params: types.CompletionParams
