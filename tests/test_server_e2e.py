@@ -154,8 +154,8 @@ async def test_typing_through_answers_from_memory(client: LanguageClient):
 async def test_with_an_item_selected_the_answer_is_for_the_text_with_the_item_in_place(
         client: LanguageClient):
     # VS Code's suggest widget has `read_lines` selected while the user has typed `read_li`:
-    # the answer replaces `read_li` and starts with `read_lines`, and it is the one the server
-    # gives once `nes` is typed (from memory: the request was for that text).
+    # the answer replaces `read_li` and starts with `read_lines`, and the server gives it again
+    # once `nes` is typed (from memory: the request was for that text).
     base = PY + "def count(name):\n    lines = read_li"
     uri = open_doc(client, "sel.py", base)
     line, end = base.count("\n"), len(base.rsplit("\n", 1)[-1])
@@ -173,7 +173,8 @@ async def test_with_an_item_selected_the_answer_is_for_the_text_with_the_item_in
     assert item.range.start.character == end - 7 and item.range.end.character == end
     insert(client, uri, 2, line, end, "nes")
     (typed,) = (await inline(client, uri, line, end + 3)).items
-    assert "read_lines" + typed.insert_text == item.insert_text
+    # (an answer the time budget showed early grows in memory when its generation ends)
+    assert ("read_lines" + typed.insert_text).startswith(item.insert_text)
 
 
 async def test_supersede_by_typing(client: LanguageClient):
