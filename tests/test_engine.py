@@ -248,9 +248,16 @@ def test_stops_on_stop_string_and_stop_fn(parts, references):
     assert cut.stop_reason == "stop" and cut.text == full[:2] and len(cut.tokens) < N_NEW
 
 
-def test_a_draft_that_is_never_right_is_soon_left_alone(parts):
+def test_a_draft_that_is_never_right_is_soon_left_alone(parts, monkeypatch):
     """Adaptive K falls to 0 after a few rejections and probes ever more rarely: over 96 tokens a
-    random draft gets a handful of proposals, and the output is still the target's."""
+    random draft gets a handful of proposals, and the output is still the target's. The steps'
+    clock ticks once a reading, so the costs adaptive K weighs are the same on a busy machine
+    (there the real clock once gave the random draft 29 proposals)."""
+    from types import SimpleNamespace
+
+    from codespec_lsp.engine import speculative
+    ticks = itertools.count()
+    monkeypatch.setattr(speculative, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3))
     tok, target, _ = parts
     engine = make_engine(target, random_draft_like(target), tok, drafter="model")
     prompt = SOURCE[:900]
