@@ -242,6 +242,8 @@ class TestBlankLead:
         assert longest_blank_run(source, len(source)) == 3
         assert longest_blank_run("x = 1\n  \n\ty = 2\n", 0) == 1  # whitespace-only is blank
         assert longest_blank_run("", 0) == 0
+        crlf = "a = 1\r\n\r\n\r\ndef f():\r\n    pass\r\n\r\n"  # as blank_lines_above reads it
+        assert longest_blank_run(crlf, len(crlf)) == 2 and blank_lines_above(crlf, len(crlf)) == 1
 
     def test_finalize_trims_and_keeps_each_lines_confidence(self):
         # Tokens "\n", "class A:\n", "    x = 1\n" (unconfident), "    y = 2": the shown text

@@ -665,7 +665,7 @@ def blank_lines_above(source: str, offset: int) -> int:
     return count
 
 
-_BLANK_RUN = re.compile(r"\n(?:[ \t]*\n)+")
+_BLANK_RUN = re.compile(r"\n(?:[^\S\n]*\n)+")  # blank as str.strip() reads it: `\r` too (CRLF)
 
 
 def longest_blank_run(source: str, offset: int) -> int:
