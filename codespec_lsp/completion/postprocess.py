@@ -362,8 +362,7 @@ def _grown(a: str, b: str) -> bool:
         while j < len(b):
             if i < len(a) and a[i] == b[j]:
                 i, j = i + 1, j + 1
-            elif j >= size and b[j:j + size] == b[j - size:j] and \
-                    sorted(b[j:j + size]) == sorted(unit):
+            elif j >= size and b[j:j + size] == b[j - size:j] and b[j:j + size] in unit * 2:
                 j += size
             else:
                 break
