@@ -523,3 +523,25 @@ def test_prefill_counts_follow_the_documents_last_prompt_until_the_server_says(f
     assert (second.result.reused_tokens, second.result.prefill_tokens) == (51, 1)
     second.close()
     b.close()
+
+
+def test_a_connect_that_times_out_once_is_tried_again_not_told(fake, monkeypatch):
+    """A busy machine (2 cores, vLLM on CPU) once let a loopback connect run past 2 s: that one
+    slow connect put the document into back-off and its keystroke got nothing."""
+    import httpcore
+    from httpcore._backends.auto import AutoBackend
+    real, failed = AutoBackend.connect_tcp, []
+
+    async def slow_once(self, *args, **kwargs):
+        if not failed:
+            failed.append(True)
+            raise httpcore.ConnectTimeout("timed out")
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(AutoBackend, "connect_tcp", slow_once)
+    notices = Notices()
+    b = backend_for(fake, notices)  # its probe makes the first connection
+    gen = b.generate([BOS, 7], max_new_tokens=3)
+    assert list(gen) == next_tokens([BOS, 7], 3) and gen.result.stop_reason == "max_tokens"
+    assert failed and notices == []
+    b.close()

@@ -4,8 +4,8 @@ Promises:
 - Every network failure comes out as a `ServerProblem` whose `condition` names the kind of failure
   (one pop-up per kind, see backend.Health) and whose message says what to do. The API key never
   appears in a message or a log line.
-- Connect timeout CONNECT_TIMEOUT_S (2 s); a stream that sends nothing for `read_timeout_s`, or
-  runs past `deadline_s` in all, is cut.
+- Connect timeout CONNECT_TIMEOUT_S (2 s), a failed connect tried once more at once; a stream
+  that sends nothing for `read_timeout_s`, or runs past `deadline_s` in all, is cut.
 - `stream_completion` is an async generator: closing it (or cancelling the task that iterates it)
   closes the HTTP connection, which is how vLLM learns to abort the request.
 - The server kind is detected once (vLLM answers `/version`, llama-server `/props`) only to add
@@ -27,6 +27,7 @@ import httpx
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 2.0
+CONNECT_RETRIES = 1     # a failed connect is tried once more, at once, before it is a problem
 READ_TIMEOUT_S = 10.0   # silence between two chunks (a long prefill on a busy server included)
 DEADLINE_S = 30.0       # a whole completion; editor suggestions are a few dozen tokens
 
@@ -78,10 +79,14 @@ class ServerClient:
         self._secret = api_key or None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # trust_env: proxies and SSL_CERT_FILE (a team's own CA for HTTPS) come from the environment.
-        self._http = httpx.AsyncClient(
-            headers=headers, trust_env=True,
-            timeout=httpx.Timeout(read_timeout_s, connect=min(connect_timeout_s, CONNECT_TIMEOUT_S)),
+        # One connect retry: a connect that timed out once, on a busy machine (CI, 2 cores, vLLM on
+        # CPU), must not put every keystroke into the back-off meant for a server that is down.
+        transport = httpx.AsyncHTTPTransport(
+            trust_env=True, retries=CONNECT_RETRIES,
             limits=httpx.Limits(max_keepalive_connections=8, keepalive_expiry=30))
+        self._http = httpx.AsyncClient(
+            headers=headers, trust_env=True, transport=transport,
+            timeout=httpx.Timeout(read_timeout_s, connect=min(connect_timeout_s, CONNECT_TIMEOUT_S)))
         self.info: ServerInfo | None = None
 
     def __repr__(self) -> str:  # never the headers: they hold the key
