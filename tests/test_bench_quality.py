@@ -183,8 +183,10 @@ def test_with_the_corpus_as_workspace_the_prompt_may_read_other_files_never_the_
                         workspace_context=context)
     assert got["points"] == alone["points"] == 8 and len(prompts) == len(plain)
     for prompt in prompts:  # the asked file's text starts last: a cut at 0, after any context
-        asked = "a.py" if prompt.rfind("line_0 = 0") > prompt.rfind("row_0 = 0") else "b.py"
-        assert f"# {asked}\n" not in prompt
+        asked, first = ("a.py", "line_0 = 0") if prompt.rfind("line_0 = 0") > \
+            prompt.rfind("row_0 = 0") else ("b.py", "row_0 = 0")
+        # its path heads its own text once (context._header), never a block of it before
+        assert prompt.count(f"# {asked}\n") == 1 and f"# {asked}\n{first}" in prompt
     if context:
         assert any("# a.py\n" in p or "# b.py\n" in p for p in prompts)
     else:

@@ -28,6 +28,31 @@ def test_small_document_is_whole_prefix():
     assert p.text == src and p.cut == 0 and not p.fim
 
 
+def test_a_file_is_headed_by_its_path_while_the_prompt_starts_at_its_start():
+    """A new or short file: `# pkg/utils.py` says what the code is (smol wrote prose after a bare
+    `def`). The header is fixed while the user types (each keystroke extends the prompt) and gone
+    once the prompt starts inside the file; unknown languages get none."""
+    tok = CountingTokenizer()
+    b = ContextBuilder(tok, budget=120)
+    assert b.build("file:///w/pkg/utils.py", "def", 3).text == "# utils.py\ndef"
+    assert b.build("file:///w/app.ts", "export ", 7).text == "// app.ts\nexport "
+    assert b.build("file:///w/notes.txt", "To do", 5).text == "To do"
+    assert b.build("untitled:Untitled-1", "def", 3).text == "def"
+    rooted = b.build("file:///w/pkg/cli.py", "", 0, roots=["file:///w"])
+    assert rooted.text == "# pkg/cli.py\n" and rooted.prefix == "" and rooted.cut == 0
+    typed, prompts = "", []
+    for ch in "import os\n":
+        typed += ch
+        prompts.append(b.build("file:///w/pkg/cli.py", typed, len(typed)).text)
+    assert all(b.startswith(a) for a, b in zip(prompts, prompts[1:]))
+    src = _doc(500)
+    p = b.build("file:///w/pkg/cli.py", src, len(src))
+    assert p.cut > 0 and p.text == p.prefix and tok(p.text) <= 120
+    short = _doc(10)  # 60 tokens: the header and the file within the budget
+    p = b.build("file:///w/pkg/small.py", short, len(short))
+    assert p.cut == 0 and p.text == "# small.py\n" + short and tok(p.text) <= 120
+
+
 def test_prefix_fits_budget_and_starts_at_line():
     tok = CountingTokenizer()
     b = ContextBuilder(tok, budget=120)

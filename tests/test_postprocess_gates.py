@@ -15,6 +15,7 @@ from codespec_lsp.completion.postprocess import (
     cut_unconfident,
     drop_unfinished_line,
     decide_mode,
+    drop_empty_comment_end,
     finalize,
     find_loop,
     keywords_above,
@@ -236,6 +237,13 @@ class TestBlankLead:
         assert finalize("\n// ZodCatch", "", "", Mode(True, 0), blank_above=1, blank_limit=1) == \
             "// ZodCatch"
 
+    def test_at_the_top_of_the_file_the_code_starts_at_the_cursor(self):
+        # smol under the path comment that heads a new file's prompt: `\nimport os`
+        assert trim_blank_lead("\nimport os", "", 0, top_of_file=True) == "import os"
+        assert trim_blank_lead("\nimport os", "", 0) == "\nimport os"
+        assert finalize("\nimport os\nimport re", "", "", Mode(True, 0),
+                        top_of_file=True) == "import os\nimport re"
+
     def test_the_longest_blank_run_leaves_out_the_one_at_the_cursor(self):
         source = "a = 1\n\nb = 2\n\n\n\nc = 3\n"
         assert longest_blank_run(source, len("a = 1\n\nb = 2\n\n\n")) == 2  # one run split
@@ -442,3 +450,20 @@ def test_an_if_whose_body_opens_with_the_same_test_keeps_the_first():
     for code in ("if a:\n    if b:\n        x = 1", "if ok:\n    x = 1\nif ok:\n    y = 2",
                  "while line.startswith('a'):\n    while line.startswith('a'):\n        line = next(f)"):
         assert find_loop(code) is None
+
+
+class TestEmptyCommentEnd:
+    """A last line that is a comment marker alone goes; with nothing before it, so does the
+    suggestion (smol's `#` in an empty file under its path comment)."""
+
+    def test_a_bare_marker_at_the_end_goes(self):
+        assert drop_empty_comment_end("x = 1\n#") == "x = 1"
+        assert drop_empty_comment_end("x = 1\n    //  ") == "x = 1"
+        assert finalize("\n#", "", "", Mode(True, 0), top_of_file=True) is None
+        assert finalize("#", "    ", "", Mode(True, 4)) is None
+
+    def test_a_comment_with_words_or_a_marker_inside_code_stays(self):
+        assert drop_empty_comment_end("# TODO") == "# TODO"
+        assert drop_empty_comment_end("#\n# Licensed") == "#\n# Licensed"
+        assert drop_empty_comment_end('url = "https://"') == 'url = "https://"'
+        assert drop_empty_comment_end("x = 1  #") == "x = 1  #"  # after code: left to the model

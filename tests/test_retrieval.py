@@ -27,7 +27,7 @@ WRITING = MAIN + "load_config(path)\n    server = Server(cfg.host, "
 def windows(pkg, **options):
     b = ContextBuilder(CountingTokenizer(), 800, workspace_context=True, **options)
     p = build(b, pkg, WRITING)
-    return p, p.text[:len(p.text) - len(p.prefix)]
+    return p, p.text[:len(p.text) - len(p.prefix)].removesuffix("# app/main.py\n")  # the file's own header
 
 
 def test_jaccard_of_identifiers():

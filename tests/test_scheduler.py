@@ -204,7 +204,7 @@ async def test_steady_fast_typing_spends_no_forwards_between_keystrokes():
     assert eng.calls == 3
     # ...while the prompt cache is kept level with the typing, keystroke by keystroke.
     assert len(eng.prefills) == 10
-    assert eng.prefills[-1] == "x = abcdefghijkl" == eng.prompts[-1]
+    assert eng.prefills[-1] == "# a.py\nx = abcdefghijkl" == eng.prompts[-1]  # headed by its path
     assert s.stats.wasted_target_forwards == 0
     # the stats count that prompt work too: on a loaded machine it can be all of it
     assert s.stats.prefill_tokens >= sum(warm_tokens) > 0

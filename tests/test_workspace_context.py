@@ -36,6 +36,7 @@ def load_config(path: str) -> Config:
 RETRIES = 3
 '''
 MAIN = "import os\nfrom collections import deque\nfrom .models import Config, load_config, RETRIES\n\n\ndef run(path):\n    cfg = "
+HEADER = "# app/main.py\n"  # the file's path heads its text while the prompt starts at its start
 
 
 def package(tmp_path: Path) -> Path:
@@ -85,12 +86,12 @@ def test_nothing_found_leaves_the_prompt_as_without_context(tmp_path):
     src = "import os\nfrom collections import deque\n\nx = "
     on = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg, src)
     off = build(ContextBuilder(CountingTokenizer(), 400), pkg, src)
-    assert on.text == off.text == src
+    assert on.text == off.text == HEADER + src
 
 
 def test_off_reads_nothing(tmp_path):
     pkg = package(tmp_path)
-    assert build(ContextBuilder(CountingTokenizer(), 400), pkg).text == MAIN
+    assert build(ContextBuilder(CountingTokenizer(), 400), pkg).text == HEADER + MAIN
 
 
 def test_no_reads_outside_the_roots(tmp_path):
@@ -99,7 +100,7 @@ def test_no_reads_outside_the_roots(tmp_path):
     other_root.mkdir()
     p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg,
               roots=[other_root.as_uri()])
-    assert p.text == MAIN
+    assert p.text == "# main.py\n" + MAIN  # outside the roots its header is its name alone
 
 
 def test_a_link_out_of_the_root_is_not_followed(tmp_path):
@@ -109,7 +110,7 @@ def test_a_link_out_of_the_root_is_not_followed(tmp_path):
     (pkg / "models.py").unlink()
     os.symlink(outside, pkg / "models.py")
     p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
-    assert p.text == MAIN
+    assert p.text == HEADER + MAIN
 
 
 @pytest.mark.parametrize("pattern", ["models.py", "app/models.py", "/app/", "*.py\n!main.py"])
@@ -117,7 +118,7 @@ def test_gitignored_files_are_skipped(tmp_path, pattern):
     pkg = package(tmp_path)
     (pkg.parent / ".gitignore").write_text(pattern + "\n")
     p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
-    assert p.text == MAIN
+    assert p.text == HEADER + MAIN
 
 
 def test_a_negated_pattern_keeps_the_file(tmp_path):
@@ -131,7 +132,7 @@ def test_binary_files_are_skipped(tmp_path):
     pkg = package(tmp_path)
     (pkg / "models.py").write_bytes(MODELS.encode() + b"\0\1\2")
     p = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg)
-    assert p.text == MAIN
+    assert p.text == HEADER + MAIN
 
 
 def test_context_stays_within_its_share_and_the_prompt_within_budget(tmp_path):
@@ -240,7 +241,7 @@ def test_an_installed_module_adds_nothing(tmp_path):
     pkg = package(tmp_path)
     src = "import os.path\nimport json as j\n\nx = j.loads(os.path.join('a'))\ny = "
     on = build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg, src)
-    assert on.text == src
+    assert on.text == HEADER + src
 
 
 def test_signatures_detail_the_default_leaves_out_fields_and_methods(tmp_path):
@@ -276,7 +277,7 @@ def test_context_share_bounds_the_context(tmp_path, share):
 def test_files_over_the_size_limit_are_skipped(tmp_path, monkeypatch):
     pkg = package(tmp_path)
     monkeypatch.setattr(workspace, "MAX_FILE_BYTES", len(MODELS) - 1)
-    assert build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg).text == MAIN
+    assert build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg).text == HEADER + MAIN
 
 
 def test_disk_reads_stop_at_the_count_limit(tmp_path, monkeypatch):
@@ -291,7 +292,7 @@ def test_disk_reads_stop_at_the_count_limit(tmp_path, monkeypatch):
 def test_disk_reads_stop_at_the_time_limit(tmp_path, monkeypatch):
     pkg = package(tmp_path)
     monkeypatch.setattr(workspace, "TIME_BUDGET_S", -1.0)
-    assert build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg).text == MAIN
+    assert build(ContextBuilder(CountingTokenizer(), 400, workspace_context=True), pkg).text == HEADER + MAIN
 
 
 def test_bench_points_include_module_attribute_lines(tmp_path):
@@ -364,7 +365,7 @@ def test_near_placement_puts_the_context_before_the_statement_being_written(tmp_
     b = ContextBuilder(CountingTokenizer(), 400, workspace_context=True, context_place="near")
     first = build(b, pkg, src)
     before, _, after = first.text.partition("# app/models.py\n")
-    assert before == src[:src.index("# runs it")]      # the file above the statement, unchanged
+    assert before == HEADER + src[:src.index("# runs it")]  # the file above the statement, unchanged
     assert after.endswith(src[src.index("# runs it"):])  # then the statement being written
     assert "def load_config(path: str) -> Config:" in after and first.prefix == src
     for ch in "load_config(path)":
@@ -387,7 +388,7 @@ def test_edited_spans_go_nearest_the_file_the_most_like_the_lines_above_first(tm
     key = (pkg / "main.py").as_uri()
     src = MAIN.replace("    cfg = ", "    cfg = load_config(path)\n    url = cfg.url(path)\n    ")
     p = b.build(key, src, len(src), (), [pkg.parent.as_uri()], edits)
-    head = p.text[:len(p.text) - len(p.prefix)]
+    head = p.text[:len(p.text) - len(p.prefix)].removesuffix(HEADER)
     assert head.endswith(f"# app/cli.py\n{EDITED_CALLER}\n\n") and "unrelated" not in head
     assert head.index("def load_config(path: str) -> Config:") < head.index("# app/cli.py")
     assert tok(f"# app/cli.py\n{EDITED_CALLER}\n\n") <= 400 * b.edit_share
@@ -398,7 +399,7 @@ def test_edited_spans_are_not_shown_without_workspace_context_or_over_their_shar
     edits = [((pkg / "cli.py").as_uri(), EDITED_CALLER)]
     off = ContextBuilder(CountingTokenizer(), 400).build((pkg / "main.py").as_uri(), MAIN,
                                                            len(MAIN), (), [], edits)
-    assert off.text == MAIN
+    assert off.text == "# main.py\n" + MAIN  # no roots: the header is the file's name
     tight = ContextBuilder(CountingTokenizer(), 400, workspace_context=True, edit_share=0.01)
     p = tight.build((pkg / "main.py").as_uri(), MAIN, len(MAIN), (), [pkg.parent.as_uri()], edits)
     assert "def serve" not in p.text

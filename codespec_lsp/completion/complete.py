@@ -80,6 +80,7 @@ HEAL_MAX_TOKENS = 8  # a long half-typed name (`post_order_f` is 6 tokens here) 
 _WORD_PIECE = re.compile(r"[ \t]?\w+")
 _WORD_CHARS = re.compile(r"\w*")
 _WORD_CHAR = re.compile(r"\w")
+_LEADING_SPACE = re.compile(r"\s*")
 WORDS_WINDOW = 50_000
 
 
@@ -246,6 +247,7 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
     # Only an empty line's suggestion may start with blank lines (trim_blank_lead).
     blank_limit = longest_blank_run(source, offset) if not line_prefix.strip() else None
     given = keywords_above(source, offset)
+    top_of_file = _LEADING_SPACE.match(source, 0, offset).end() == offset
     ids, heal = prompt_ids(backend, prompt.text)
     lookup = lookup_ids(backend, prompt.lookup_text) if prompt.lookup_text else []
     gen = backend.generate(ids, max_new_tokens=max_tokens, cancel=cancel, speculative=speculative,
@@ -258,7 +260,8 @@ def complete_at(backend, builder: ContextBuilder, key: str, source: str, offset:
         return finalize(_from_cursor(text, heal), line_prefix, prompt.suffix, mode,
                         logprobs=token_logprobs(backend.tokenizer, ids, result, heal),
                         min_confidence=scoring.min_confidence, blank_above=blank_above,
-                        truncated=truncated, keywords_given=given, blank_limit=blank_limit)
+                        truncated=truncated, keywords_given=given, blank_limit=blank_limit,
+                        top_of_file=top_of_file)
 
     on_text = None
     if deadline is not None and early is not None:

@@ -14,6 +14,8 @@ Promises:
   before the prefix. They are chosen at the cut and kept
   with it, so the prompt's start still does not move while the user types; an edit elsewhere
   shows at the next cut. Nothing found: the prompt is exactly the one without context.
+- While the prompt starts at the file's start, the file's path heads it as a line comment
+  (`# pkg/utils.py`, _header): a new or short file then reads as code of its language.
 - Knows token counts and templates, never LSP types; the token counter is injected.
 """
 
@@ -58,8 +60,21 @@ class Prompt:
 class _CutState:
     cut: int
     context: str = ""       # workspace definitions, chosen with the cut
-    context_tokens: int = 0
+    context_tokens: int = 0  # the context's and the header's
     at: int = 0             # document offset the context goes before (context_place), >= cut
+    header: str = ""        # the file's path comment, while the prompt starts at the file's start
+
+
+# Line comments by file extension, for the path comment that heads a file's own text
+# (_header). An extension not listed gets no header: a wrong comment syntax reads as code.
+_HASH = ("py", "pyi", "pyw", "sh", "bash", "zsh", "rb", "pl", "r", "jl", "toml", "yaml", "yml",
+         "nim", "ex", "exs", "cmake", "ps1", "tf", "coffee", "cr", "mojo")
+_SLASHES = ("js", "jsx", "mjs", "cjs", "ts", "tsx", "mts", "cts", "c", "h", "cc", "cpp", "cxx",
+            "hpp", "hh", "hxx", "cs", "java", "kt", "kts", "go", "rs", "swift", "scala", "dart",
+            "php", "zig", "v", "groovy", "gradle", "proto", "sol", "mm", "cu")
+_DASHES = ("lua", "sql", "hs", "elm", "ada", "adb", "ads")
+LINE_COMMENT = {**{e: "#" for e in _HASH}, **{e: "//" for e in _SLASHES},
+                **{e: "--" for e in _DASHES}}
 
 
 def fim_prompt(fim_tokens: tuple[str, str, str], prefix: str, suffix: str) -> str:
@@ -131,11 +146,19 @@ class ContextBuilder:
             context = self._context(key, source, offset, others, roots, edits) \
                 if self.workspace_context else ""
             n = self.count_tokens(context) if context else 0
-            cut = self._recut(source, offset, prefix_budget(n))
+            header = self._header(key, roots)
+            n_header = self.count_tokens(header) if header else 0
+            cut = self._recut(source, offset, prefix_budget(n + n_header))
+            if cut > 0:
+                header, n_header = "", 0
             at = max(cut, _statement_start(source, offset)) if self.context_place == "near" else cut
-            state = self._state[key] = _CutState(cut, context, n, at)
+            state = self._state[key] = _CutState(cut, context, n + n_header, at, header)
         prefix = source[state.cut:offset]
-        shown = source[state.cut:state.at] + state.context + source[state.at:offset]
+        if state.at == state.cut:  # the context first, the file (headed by its path) after it
+            shown = state.context + state.header + source[state.cut:offset]
+        else:
+            shown = state.header + source[state.cut:state.at] + state.context + \
+                source[state.at:offset]
 
         if self.fim_tokens:
             suffix = self._fit_suffix(suffix_full, suffix_budget)
@@ -174,6 +197,19 @@ class ContextBuilder:
         for d in reversed(chosen):
             blocks.setdefault(d.path, []).append(shown(d))
         return "".join(self._block(p, "\n".join(texts)) for p, texts in blocks.items()) + after
+
+    def _header(self, key: str, roots: Sequence[str]) -> str:
+        """The file's path as a line comment (`# pkg/utils.py`), put above its text while the
+        prompt starts at the file's start: without it a short or new file gives a 135M model no
+        sign of its language or purpose (smol wrote prose after `def`, C after `#`), and with
+        the workspace context it is headed like the files before it. Gone at the first re-cut:
+        the prompt then starts inside the file, and the re-cut prefills anew anyway."""
+        path = to_path(key)
+        comment = LINE_COMMENT.get(path.suffix[1:].lower()) if path is not None else None
+        if comment is None:
+            return ""
+        self._workspace.set_roots(roots)
+        return f"{comment} {self._shown_path(path)}\n"
 
     def _in_form(self, text: str) -> str:
         if self.context_form == "comment":

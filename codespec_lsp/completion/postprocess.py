@@ -285,6 +285,17 @@ def strip_trailing_whitespace(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.split("\n")).rstrip()
 
 
+_EMPTY_COMMENT_END = re.compile(r"(?:^|\n)[ \t]*(?:#|//)[ \t]*\Z")
+
+
+def drop_empty_comment_end(text: str) -> str:
+    """`text` without a last line that is a comment marker and nothing else: it says nothing,
+    and a suggestion of it alone is a `#` in an empty file (smol under the file's path comment,
+    context._header) or the start of a comment the token limit cut."""
+    m = _EMPTY_COMMENT_END.search(text)
+    return text[:m.start()] if m else text
+
+
 def _line_loop_end(lines: list[str], starts: list[int], shown: list[str],
                    rows: list[int]) -> int | None:
     """End of the first copy when the same non-blank line, or group of up to 3, comes twice in a
@@ -592,14 +603,16 @@ MAX_BLANK_LINES_INDENTED = 1
 
 
 def trim_blank_lead(text: str, line_prefix: str, blank_above: int,
-                    blank_limit: int | None = None) -> str:
+                    blank_limit: int | None = None, top_of_file: bool = False) -> str:
     """On an empty line the model often starts with blank lines (`\\n\\nclass A:`) above lines
     where `blank_above` blank lines already stand: as shown, the code lands one line down or
     more, under a run of blank lines no formatter keeps. Drop the blank lines past the limit for
     the code's indentation; with none left, the code starts at the cursor, whose line already
     holds its indentation (`line_prefix`). `text` is unchanged when its code is not indented
     under the cursor's (a dedent): it cannot start at the cursor. A document that never leaves
-    more than `blank_limit` blank lines in a row (one at least) sets a lower limit. Only leading
+    more than `blank_limit` blank lines in a row (one at least) sets a lower limit.
+    `top_of_file`: nothing but blank lines above the cursor, where a blank line separates
+    nothing (the model writes one under the file's path comment, context._header). Only leading
     text goes: the result is a suffix of `text`."""
     if line_prefix.strip():
         return text
@@ -612,6 +625,8 @@ def trim_blank_lead(text: str, line_prefix: str, blank_above: int,
     allowed = MAX_BLANK_LINES_INDENTED if indented else MAX_BLANK_LINES_TOP
     if blank_limit is not None:
         allowed = min(allowed, max(blank_limit, 1))
+    if top_of_file:
+        allowed = 0
     if blank_above + first_code <= allowed:
         return text
     keep = max(allowed - blank_above, 0)
@@ -683,9 +698,9 @@ def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
              logprobs: Sequence[tuple[int, float]] | None = None,
              min_confidence: float | None = None, blank_above: int = 0,
              truncated: bool = False, keywords_given: Collection[str] = (),
-             blank_limit: int | None = None) -> str | None:
+             blank_limit: int | None = None, top_of_file: bool = False) -> str | None:
     """The whole pipeline: block end, leading blank lines, loops, confidence, suffix overlap,
-    brackets, whitespace; None when nothing is worth showing.
+    brackets, whitespace, an empty comment at the end; None when nothing is worth showing.
 
     `logprobs`: (end offset in `raw`, target log-prob) per generated token (see
     line_confidences); without them (a backend that reports none) the confidence gate is off and
@@ -695,7 +710,8 @@ def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
     model was cut off or is still writing (its token limit, an answer shown early), not where
     the model or the block ended. `keywords_given`: the names the list the suggestion goes on
     already gives (keywords_above). `blank_limit`: the most blank lines in a row the document
-    holds elsewhere (longest_blank_run); None: PEP 8's limits alone."""
+    holds elsewhere (longest_blank_run); None: PEP 8's limits alone. `top_of_file`: nothing
+    but blank lines above the cursor (trim_blank_lead)."""
     prob = DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence
     threshold = math.log(prob) if prob > 0 else -math.inf
     end = block_end(raw, mode)
@@ -703,7 +719,7 @@ def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
     if mode.multiline:
         if truncated and end is None:
             text = drop_unfinished_line(text)
-        trimmed = trim_blank_lead(text, line_prefix, blank_above, blank_limit)
+        trimmed = trim_blank_lead(text, line_prefix, blank_above, blank_limit, top_of_file)
         # Only leading text went: every token's end offset moves back by its length.
         logprobs = [(at - len(text) + len(trimmed), lp) for at, lp in logprobs or ()]
         text = trimmed
@@ -722,7 +738,7 @@ def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
     text = trim_suffix_overlap(text, line_prefix, suffix)
     text = balance_brackets(text)
     text = strip_doubled_indent(text, line_prefix, mode)
-    text = strip_trailing_whitespace(text)
+    text = strip_trailing_whitespace(drop_empty_comment_end(strip_trailing_whitespace(text)))
     if not text.strip() or retypes_suffix(text, suffix):
         return None
     return text
