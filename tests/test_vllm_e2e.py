@@ -201,8 +201,9 @@ async def test_inline_completions_over_stdio_equal_local(vllm_url, local):
             lines = text.split("\n")
             uri = open_doc(client, f"vllm_{i}.py", text)
             await asyncio.sleep(1.1)  # a pause, not typing: the full suggestion length
+            # The same file name: it heads the prompt (context._header)
             assert await inline(client, uri, len(lines) - 1, len(lines[-1])) == \
-                suggestion(local, f"file:///l{i}.py", text, copy_weight=0.0), text
+                suggestion(local, uri, text, copy_weight=0.0), text
 
         st = await stats(client)
         assert st["server_acceptance_rate"] is not None
