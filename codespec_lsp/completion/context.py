@@ -143,10 +143,11 @@ class ContextBuilder:
         state = self._state.get(key)
         if state is None or state.at > offset or not self._keep(state.cut, source, offset,
                                                                 prefix_budget(state.context_tokens)):
-            context = self._context(key, source, offset, others, roots, edits) \
+            self._workspace.set_roots(roots)  # what the context reads and the paths it shows
+            context = self._context(key, source, offset, others, edits) \
                 if self.workspace_context else ""
             n = self.count_tokens(context) if context else 0
-            header = self._header(key, roots)
+            header = self._header(key)
             n_header = self.count_tokens(header) if header else 0
             cut = self._recut(source, offset, prefix_budget(n + n_header))
             if cut > 0:
@@ -170,11 +171,10 @@ class ContextBuilder:
                       cut=state.cut, lookup_text=suffix_full + "\n" + lookup)
 
     def _context(self, key: str, source: str, offset: int, others: Sequence[tuple[str, str]],
-                 roots: Sequence[str], edits: Sequence[tuple[str, str]] = ()) -> str:
+                 edits: Sequence[tuple[str, str]] = ()) -> str:
         """The definitions the file imports, the likeliest next nearest the file, within
         context_share of the budget, then the retrieved windows, then the edited spans; each
         file's block headed by its path, as if it came first."""
-        self._workspace.set_roots(roots)
         open_docs = {p: t for name, t in others if (p := to_path(name)) is not None}
         found = import_definitions(self._workspace, source[:offset], to_path(key), open_docs)
         after = self._windows(key, source[:offset], open_docs) + self._edited(source[:offset], edits)
@@ -198,7 +198,7 @@ class ContextBuilder:
             blocks.setdefault(d.path, []).append(shown(d))
         return "".join(self._block(p, "\n".join(texts)) for p, texts in blocks.items()) + after
 
-    def _header(self, key: str, roots: Sequence[str]) -> str:
+    def _header(self, key: str) -> str:
         """The file's path as a line comment (`# pkg/utils.py`), put above its text while the
         prompt starts at the file's start: without it a short or new file gives a 135M model no
         sign of its language or purpose (smol wrote prose after `def`, C after `#`), and with
@@ -208,7 +208,6 @@ class ContextBuilder:
         comment = LINE_COMMENT.get(path.suffix[1:].lower()) if path is not None else None
         if comment is None:
             return ""
-        self._workspace.set_roots(roots)
         return f"{comment} {self._shown_path(path)}\n"
 
     def _in_form(self, text: str) -> str:

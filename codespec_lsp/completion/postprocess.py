@@ -291,9 +291,10 @@ _EMPTY_COMMENT_END = re.compile(r"(?:^|\n)[ \t]*(?:#|//)[ \t]*\Z")
 def drop_empty_comment_end(text: str) -> str:
     """`text` without a last line that is a comment marker and nothing else: it says nothing,
     and a suggestion of it alone is a `#` in an empty file (smol under the file's path comment,
-    context._header) or the start of a comment the token limit cut."""
+    context._header) or the start of a comment the token limit cut. Trailing whitespace goes
+    with it, as strip_trailing_whitespace leaves none."""
     m = _EMPTY_COMMENT_END.search(text)
-    return text[:m.start()] if m else text
+    return text[:m.start()].rstrip() if m else text
 
 
 def _line_loop_end(lines: list[str], starts: list[int], shown: list[str],
@@ -738,7 +739,7 @@ def finalize(raw: str, line_prefix: str, suffix: str, mode: Mode,
     text = trim_suffix_overlap(text, line_prefix, suffix)
     text = balance_brackets(text)
     text = strip_doubled_indent(text, line_prefix, mode)
-    text = strip_trailing_whitespace(drop_empty_comment_end(strip_trailing_whitespace(text)))
+    text = drop_empty_comment_end(strip_trailing_whitespace(text))
     if not text.strip() or retypes_suffix(text, suffix):
         return None
     return text
